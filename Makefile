@@ -1,0 +1,40 @@
+# Two commands do it all on a fresh machine:
+#   make demo   sets itself up, then runs the demo (on the CPU when there is no GPU)
+#   make test   sets itself up, then runs ruff, mypy, pytest and the docs build
+# TORCH picks the torch to install when the venv has none; any installed torch >= 2.1
+# is kept (the project never replaces it).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest docs clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test,docs]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: lint typecheck pytest docs
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff format --check src tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
+clean:
+	rm -rf $(VENV) docs/_build .mypy_cache .ruff_cache .pytest_cache

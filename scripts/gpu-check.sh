@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The one-call GPU check: on a GPU machine where torch is already installed, install the
+# project and the carried wheels without network, run the whole suite with GPU tests
+# required, then run the benchmarks. Logs go to $GPU_CHECK_LOGS (default: $OUT, else
+# ./gpu-check-logs).
+#
+#   bash scripts/gpu-check.sh                     # everything
+#   bash scripts/gpu-check.sh tests/gpumagic      # these tests (benchmarks off unless
+#   GPU_CHECK_BENCH=timing bash scripts/gpu-check.sh tests/x.py   # named in GPU_CHECK_BENCH)
+#
+# GPU_CHECK_BENCH: "all" (default with no test args), "none", or names of
+# benchmarks/bench_NAME.py separated by commas. Extra pytest options: GPU_CHECK_PYTEST_OPTS.
+# Before calling it from a machine without a GPU, `bash scripts/fetch-gpu-wheels.sh` puts
+# the wheels the GPU image lacks (IPython, line_profiler, build tools) in .whl/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+logs=${GPU_CHECK_LOGS:-${OUT:-$root/gpu-check-logs}}
+mkdir -p "$logs"
+export PYTHONUNBUFFERED=1 GPUMAGIC_GPU_CHECK=1
+py=${PYTHON:-python3}
+
+site=/tmp/gpumagic-site
+if [ -d .whl ]; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" .whl/*.whl || exit 1
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The project itself, built from this tree with the carried setuptools (no network).
+"$py" -m pip install -q --no-index --find-links .whl --no-deps --no-compile --no-cache-dir \
+  --upgrade --target "$site" . || exit 1
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+
+{
+  echo "== $(date -u +%FT%TZ)"
+  nvidia-smi -L 2>&1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  "$py" - <<'PY'
+import platform, sys
+import torch, pytest
+from importlib.metadata import version
+print("python", platform.python_version(), "| torch", torch.__version__, "| CUDA", torch.version.cuda,
+      "| pytest", pytest.__version__)
+for name in ("ipython", "line_profiler", "pytest-xdist", "nvidia-ml-py", "triton", "gpumagic"):
+    try:
+        print(f"  {name} {version(name)}")
+    except Exception as exc:
+        print(f"  {name}: {exc}")
+PY
+} 2>&1 | tee "$logs/environment.txt"
+
+status=0
+if [ $# -gt 0 ]; then tests=("$@"); bench_default=none; else tests=(tests); bench_default=all; fi
+# shellcheck disable=SC2086
+"$py" -m pytest "${tests[@]}" --cuda-require -rfEs -p no:cacheprovider \
+  --junitxml="$logs/junit.xml" ${GPU_CHECK_PYTEST_OPTS:-} 2>&1 | tee "$logs/pytest.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+bench=${GPU_CHECK_BENCH:-$bench_default}
+if [ "$bench" != none ]; then
+  if [ "$bench" = all ]; then
+    scripts=(benchmarks/bench_*.py)
+  else
+    IFS=, read -ra names <<<"$bench"
+    scripts=()
+    for n in "${names[@]}"; do scripts+=("benchmarks/bench_$n.py"); done
+  fi
+  for script in "${scripts[@]}"; do
+    [ -f "$script" ] || continue
+    echo "== $script" | tee -a "$logs/benchmarks.log"
+    "$py" "$script" --json "$logs/benchmarks.jsonl" 2>&1 | tee -a "$logs/benchmarks.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+echo "gpu-check: exit $status (logs in $logs)"
+exit $status

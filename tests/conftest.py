@@ -1,0 +1,37 @@
+"""Shared test helpers: a fresh status cache around every test."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import pytest
+
+from gpumagic import cuda
+
+if TYPE_CHECKING:
+    from collections.abc import Generator, Iterator
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cuda_status() -> Iterator[None]:
+    cuda.reset_status_cache()
+    yield
+    cuda.reset_status_cache()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """In the GPU check (``scripts/gpu-check.sh``) a GPU-marked test may not skip."""
+    report = yield
+    if (
+        report.skipped
+        and os.environ.get("GPUMAGIC_GPU_CHECK") == "1"
+        and item.get_closest_marker("cuda") is not None
+        and not hasattr(report, "wasxfail")
+    ):
+        report.outcome = "failed"
+        report.longrepr = f"GPU-marked test skipped in the GPU check: {report.longrepr}"
+    return report

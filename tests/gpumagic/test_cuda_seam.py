@@ -1,0 +1,225 @@
+"""The GPU seam: discovery without a context, clear answers without CUDA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpumagic import cuda
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_nvml(boards: list[tuple[str, str, int]]) -> Any:
+    """A pynvml stand-in listing ``(name, uuid, total)`` boards (logic tests only)."""
+
+    def handle(i: int) -> int:
+        return i
+
+    return SimpleNamespace(
+        NVMLError=FakeNVMLError,
+        nvmlDeviceGetCount=lambda: len(boards),
+        nvmlDeviceGetHandleByIndex=handle,
+        nvmlDeviceGetName=lambda h: boards[h][0],
+        nvmlDeviceGetUUID=lambda h: boards[h][1].encode(),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=boards[h][2]),
+        nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
+        nvmlDeviceGetMaxMigDeviceCount=lambda h: (_ for _ in ()).throw(FakeNVMLError()),
+        nvmlSystemGetDriverVersion=lambda: "580.00",
+    )
+
+
+@pytest.fixture
+def two_boards(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = fake_nvml([("H200 A", "GPU-aaaa", 2**30), ("H200 B", "GPU-bbbb", 2**31)])
+    monkeypatch.setattr(cuda, "_nvml", lambda: nvml)
+    monkeypatch.setattr(cuda, "_torch_version_file", lambda: {"torch": "2.11", "cuda": "13.0"})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.mark.usefixtures("two_boards")
+def test_status_lists_boards_through_nvml() -> None:
+    status = cuda.status()
+    assert status.available
+    assert [d.name for d in status.devices] == ["H200 A", "H200 B"]
+    assert status.driver_version == "580.00"
+    assert status.summary() == "torch 2.11, CUDA 13.0, driver 580.00; 2 device(s)"
+
+
+@pytest.mark.usefixtures("two_boards")
+@pytest.mark.parametrize(
+    ("env", "names"), [("1", ["H200 B"]), ("GPU-bbbb,GPU-aaaa", ["H200 B", "H200 A"])]
+)
+def test_status_honours_outer_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, env: str, names: list[str]
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+    assert [d.name for d in cuda.devices()] == names
+    assert cuda.devices()[0].index == 0
+
+
+@pytest.mark.usefixtures("two_boards")
+def test_status_says_when_visible_devices_hides_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    status = cuda.status()
+    assert not status.available
+    assert status.reason == "CUDA_VISIBLE_DEVICES='' hides all 2 GPU(s) of this machine"
+    with pytest.raises(cuda.CudaUnavailable, match="hides all 2 GPU"):
+        cuda.require()
+
+
+@pytest.mark.usefixtures("two_boards")
+def test_status_cache_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cuda.device_count() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert cuda.device_count() == 1
+
+
+def test_status_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda, "_torch_version_file", lambda: {"torch": None, "cuda": None})
+    assert cuda.status().reason == "torch is not installed"
+
+
+def test_status_of_a_cpu_only_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda, "_torch_version_file", lambda: {"torch": "2.13.0+cpu", "cuda": None})
+    status = cuda.status()
+    assert not status.available
+    assert status.reason == "torch 2.13.0+cpu was built without CUDA (a CPU-only build)"
+
+
+def test_torch_version_file_matches_torch_without_importing_it() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from gpumagic import cuda
+        found = cuda._torch_version_file()
+        assert "torch" not in sys.modules, "reading the version imported torch"
+        import torch
+        assert found == {"torch": torch.__version__, "cuda": torch.version.cuda}, found
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_is_initialized_is_false_without_importing_torch() -> None:
+    code = (
+        "import sys; from gpumagic import cuda; assert not cuda.is_initialized(); "
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_allocator_stats_are_zero_before_cuda_init() -> None:
+    if cuda.is_initialized():
+        pytest.skip("CUDA already initialised in this process")
+    assert cuda.allocator_stats(0) == cuda.AllocatorStats(0, 0, 0, 0)
+
+
+def test_visible_devices_restores_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with cuda.visible_devices(None):
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+DISCOVERY_LEAVES_NO_CONTEXT = textwrap.dedent(
+    """
+    import json, os, sys
+    from gpumagic import cuda
+    status = cuda.status()
+    import torch
+    assert status.available, status.reason
+    before = torch.cuda.is_initialized()
+    pids = {}
+    for d in status.devices:
+        pids.update(cuda.nvml_process_memory(d))
+    print(json.dumps({
+        "initialized": before,
+        "our_pid_on_gpu": os.getpid() in pids,
+        "torch_count": torch.cuda.device_count(),
+        "count": cuda.device_count(),
+    }))
+    """
+)
+
+
+@pytest.mark.cuda
+def test_discovery_creates_no_context() -> None:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", DISCOVERY_LEAVES_NO_CONTEXT],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result = json.loads(out)
+    assert result == {
+        "initialized": False,
+        "our_pid_on_gpu": False,
+        "torch_count": result["count"],
+        "count": result["count"],
+    }
+    assert result["count"] >= 1
+
+
+@pytest.mark.cuda
+def test_discovery_agrees_with_torch() -> None:
+    import torch
+
+    found = cuda.devices()
+    assert len(found) == torch.cuda.device_count()
+    for device in found:
+        props = torch.cuda.get_device_properties(device.index)
+        assert device.name == props.name
+        assert device.total_memory == pytest.approx(props.total_memory, rel=0.02)
+        assert device.capability == (props.major, props.minor)
+        assert device.uuid.removeprefix("GPU-") == str(props.uuid)
+
+
+@pytest.mark.cuda
+def test_synchronize_and_events_time_real_work() -> None:
+    import torch
+
+    start, end = cuda.new_event(), cuda.new_event()
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    cuda.synchronize()
+    assert end.query()
+    assert cuda.elapsed_ms(start, end) > 1.0
+    cuda.synchronize([0])
+
+
+@pytest.mark.cuda
+def test_allocator_stats_see_a_tensor() -> None:
+    import torch
+
+    before = cuda.allocator_stats(0)
+    x = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda:0")
+    after = cuda.allocator_stats(0)
+    assert after.allocated - before.allocated == 64 * 2**20
+    assert after.reserved >= after.allocated
+    assert after.peak_allocated >= after.allocated
+    del x
+
+
+@pytest.mark.cuda
+def test_nvml_sees_this_process_once_cuda_is_in_use() -> None:
+    import torch
+
+    torch.ones(1, device="cuda:0")
+    used, free, total = cuda.nvml_device_memory(cuda.devices()[0])
+    assert used + free <= total
+    assert cuda.nvml_process_memory(cuda.devices()[0]).get(os.getpid(), 0) > 0
