@@ -16,6 +16,10 @@ from gpumagic import cuda
 if TYPE_CHECKING:
     from _pytest.config.argparsing import Parser
 
+# Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes) register
+# here: pytest loads them with this module, so ``-p no:cuda`` turns them all off.
+pytest_plugins: tuple[str, ...] = ()
+
 CUDA_MARKER_DOC = (
     "cuda: the test needs a usable CUDA device; it is skipped with the reason when "
     "there is none (or fails under --cuda-require)."
