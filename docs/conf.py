@@ -1,4 +1,4 @@
-"""Sphinx configuration for gpumagic's docs (furo + MyST)."""
+"""Sphinx configuration for gpumagic's docs (furo + MyST, notebooks through MyST-NB)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ copyright = "2026, gpumagic developers"
 release = "0.1.0.dev0"
 
 extensions = [
-    "myst_parser",
+    "myst_nb",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
 ]
-source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
+# Notebooks are shown with the outputs they were saved with (the GPU run's, for
+# demo-gpu.ipynb); the docs build never executes them.
+nb_execution_mode = "off"
 html_theme = "furo"
 html_title = "gpumagic"
 exclude_patterns = ["_build"]

@@ -1,10 +1,15 @@
 """gpumagic's demo: the magics in a real IPython shell, then the plugin on a sample suite.
 
 Run it with ``make demo``. Without a GPU everything runs on the CPU and says so.
+
+``CELLS`` is the one source of the demo: ``examples/demo.ipynb`` is generated from it
+(``python examples/demo.py --write-notebook``) and executed by a real Jupyter kernel in
+the test suite, and on the GPU machine for the docs.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +56,43 @@ def run_sample_suite() -> int:
     )
 
 
+def notebook_json() -> str:
+    """The demo as a Jupyter notebook (no outputs): a Markdown title per step, then its cells."""
+    import nbformat
+
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    book.cells.append(
+        nbformat.v4.new_markdown_cell(
+            "# gpumagic demo\n\nGenerated from `examples/demo.py` (`CELLS`); "
+            "without a GPU the magics run on the CPU and say so.",
+            id="title",
+        )
+    )
+    for i, (title, cells) in enumerate(CELLS):
+        book.cells.append(nbformat.v4.new_markdown_cell(f"## {title}", id=f"step-{i}"))
+        for j, cell in enumerate(cells):
+            book.cells.append(nbformat.v4.new_code_cell(cell, id=f"step-{i}-{j}"))
+    return str(nbformat.writes(book)) + "\n"
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--write-notebook",
+        nargs="?",
+        const=str(HERE / "demo.ipynb"),
+        metavar="PATH",
+        help="write the demo as a notebook (default examples/demo.ipynb) and exit",
+    )
+    args = parser.parse_args()
+    if args.write_notebook:
+        Path(args.write_notebook).write_text(notebook_json())
+        return 0
     status = cuda.status()
     banner("Where this runs")
     if status.available:

@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from gpumagic import cuda
 
+ROOT = Path(__file__).resolve().parents[1]
+
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterator
+
+
+@pytest.fixture(scope="session")
+def executed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``examples/demo.ipynb`` executed by a real Jupyter kernel (nbclient), once a session."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    book = nbformat.read(ROOT / "examples" / "demo.ipynb", as_version=4)
+    NotebookClient(book, timeout=600, kernel_name="python3", allow_errors=True).execute(
+        cwd=str(tmp_path_factory.mktemp("demo"))
+    )
+    return dict(book)
 
 
 @pytest.fixture(autouse=True)
