@@ -47,7 +47,10 @@ function rgba(c) {
   return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
 }
 function lum(c) {
-  const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+  const f = v => {
+    v /= 255;
+    return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+  };
   return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
 }
 function over(top, base) {
@@ -60,8 +63,9 @@ function background(el) {
   for (const e of chain) bg = over(rgba(getComputedStyle(e).backgroundColor), bg);
   return bg;
 }
+const box = document.getElementById('output').getBoundingClientRect();
 const out = {texts: 0, invisible: [], low_contrast: [], min_contrast: 99,
-             height: Math.ceil(document.getElementById('output').getBoundingClientRect().bottom) + 16};
+             height: Math.ceil(box.bottom) + 16};
 for (const el of document.querySelectorAll('#output *')) {
   const own = [...el.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim());
   if (!own.length) continue;
@@ -78,11 +82,11 @@ for (const el of document.querySelectorAll('#output *')) {
   const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
   const ratio = (a + 0.05) / (b + 0.05);
   out.min_contrast = Math.min(out.min_contrast, ratio);
-  if (ratio < %(min)s) out.low_contrast.push(text + ' (' + ratio.toFixed(2) + ':1)');
+  if (ratio < MIN_CONTRAST) out.low_contrast.push(text + ' (' + ratio.toFixed(2) + ':1)');
 }
 document.getElementById('report').textContent = JSON.stringify(out);
 </script>
-""" % {"min": MIN_CONTRAST}
+""".replace("MIN_CONTRAST", str(MIN_CONTRAST))
 
 
 def html_outputs(book: dict[str, Any], origin: str) -> list[tuple[str, str]]:
