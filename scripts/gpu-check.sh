@@ -9,7 +9,9 @@
 #   GPU_CHECK_BENCH=timing bash scripts/gpu-check.sh tests/x.py   # named in GPU_CHECK_BENCH)
 #
 # GPU_CHECK_BENCH: "all" (default with no test args), "none", or names of
-# benchmarks/bench_NAME.py separated by commas. Extra pytest options: GPU_CHECK_PYTEST_OPTS.
+# benchmarks/bench_NAME.py separated by commas. GPU_CHECK_NOTEBOOK=1 executes the demo
+# notebook also when tests are named (default: only in the full run). Extra pytest
+# options: GPU_CHECK_PYTEST_OPTS.
 # Before calling it from a machine without a GPU, `bash scripts/fetch-gpu-wheels.sh` puts
 # the wheels the GPU image lacks (IPython, line_profiler, build tools) in .whl/.
 set -uo pipefail
@@ -55,6 +57,14 @@ if [ $# -gt 0 ]; then tests=("$@"); bench_default=none; else tests=(tests); benc
 "$py" -m pytest "${tests[@]}" --cuda-require -rfEs -p no:cacheprovider \
   --junitxml="$logs/junit.xml" ${GPU_CHECK_PYTEST_OPTS:-} 2>&1 | tee "$logs/pytest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+# The demo notebook, executed by a real Jupyter kernel on this GPU; its outputs go to the
+# docs (docs/demo-gpu.ipynb).
+if [ "${GPU_CHECK_NOTEBOOK:-$bench_default}" != none ]; then
+  "$py" scripts/run-notebook.py examples/demo.ipynb "$logs/demo-gpu.ipynb" 2>&1 \
+    | tee -a "$logs/notebook.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 bench=${GPU_CHECK_BENCH:-$bench_default}
 if [ "$bench" != none ]; then
