@@ -1,53 +1,374 @@
-"""pytest_cuda's hooks: the ``cuda`` marker and strict GPU mode.
+"""pytest_cuda's hooks: device selection, the ``cuda`` marker, device fixtures, strict mode.
 
-Loaded through the ``pytest11`` entry point as ``cuda`` (``-p no:cuda`` turns it off).
-Importing it imports neither torch nor NVML; device discovery runs only for tests that
-carry the ``cuda`` marker, and creates no CUDA context.
+Loaded through the ``pytest11`` entry point as ``cuda`` (``-p no:cuda`` turns it off,
+with the modules in :data:`pytest_plugins`). Importing it imports neither torch nor
+NVML. A run that uses no CUDA feature pays for one discovery for the report header
+(NVML and torch's version file: no torch import, no CUDA context); torch is imported
+only when a test asks for a device fixture.
+
+Public API for the other pytest_cuda modules:
+
+* :func:`selected_devices` — the devices this process's tests may use;
+* :func:`cuda_requirement` — what a test's ``cuda`` markers (or device fixtures) ask;
+* :func:`item_devices` — the devices one test is given.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
 from gpumagic import cuda
+from pytest_cuda import xdist_pinning
+from pytest_cuda.markers import (
+    CudaRequirement,
+    MarkerError,
+    merge_requirements,
+    parse_cuda_marker,
+    unmet_reason,
+)
+from pytest_cuda.selection import (
+    DeviceRequest,
+    SelectionError,
+    WorkerPlan,
+    group_devices,
+    parse_device_request,
+    select_devices,
+)
 
 if TYPE_CHECKING:
+    import torch
     from _pytest.config.argparsing import Parser
+
+    from gpumagic.devices import CudaStatus, DeviceInfo
+    from pytest_cuda.xdist_pinning import WorkerPin
+
+__all__ = ["cuda_requirement", "item_devices", "selected_devices"]
 
 # Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes) register
 # here: pytest loads them with this module, so ``-p no:cuda`` turns them all off.
 pytest_plugins: tuple[str, ...] = ()
 
+ENV_DEVICES = "PYTEST_CUDA_DEVICES"
+DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
+
 CUDA_MARKER_DOC = (
-    "cuda: the test needs a usable CUDA device; it is skipped with the reason when "
-    "there is none (or fails under --cuda-require)."
+    "cuda(min_devices=1, min_memory=None, min_capability=None): the test needs CUDA: "
+    "at least min_devices usable CUDA devices, min_memory free on each device it is "
+    'given (bytes or "40GiB"), and a compute capability of at least min_capability '
+    '((8, 0) or "8.0"). Without them the test is skipped with the reason (it fails '
+    "under --cuda-require). Markers on the class and module add up."
 )
+
+
+@dataclass(frozen=True)
+class _RunDevices:
+    """What this process found and was asked for; one per config, built on first use."""
+
+    status: CudaStatus
+    devices: tuple[DeviceInfo, ...]
+    scope: str
+    request: DeviceRequest | None
+    plan: WorkerPlan | None
+    pin: WorkerPin | None
+
+
+_RUN_DEVICES = pytest.StashKey[_RunDevices]()
 
 
 def pytest_addoption(parser: Parser) -> None:
     group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
     group.addoption(
+        "--cuda-devices",
+        metavar="INDICES",
+        default=None,
+        help="the CUDA devices this run may use: indices into the visible devices "
+        "(an outer CUDA_VISIBLE_DEVICES is respected), e.g. 0,1, or 'all'. Tests "
+        "taking cuda_device run once per device; under pytest-xdist each worker is "
+        f"pinned to its own device(s). Also ini cuda_devices and env {ENV_DEVICES}.",
+    )
+    group.addoption(
+        "--cuda-devices-per-worker",
+        metavar="K",
+        type=int,
+        default=None,
+        help="under pytest-xdist, give each worker K of the selected devices "
+        "(default 1); -n auto then starts one worker per group.",
+    )
+    group.addoption(
         "--cuda-require",
         action="store_true",
         default=False,
-        help="strict mode for GPU CI: a test that would be skipped for lack of a GPU "
-        "fails instead, with the same reason.",
+        help="strict mode for GPU CI: a test that would be skipped for lack of a GPU, "
+        "devices, memory or compute capability fails instead, with the same reason.",
     )
+    parser.addini(
+        "cuda_devices",
+        type="string",
+        default="",
+        help="default for --cuda-devices (indices such as 0,1, or 'all').",
+    )
+
+
+def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager) -> None:
+    # -n auto asks pytest_xdist_auto_num_workers inside pytest_cmdline_main, before
+    # pytest_configure, so the xdist hooks are registered as soon as xdist is.
+    if manager.has_plugin("xdist") and not manager.has_plugin("cuda.xdist"):
+        manager.register(xdist_pinning.XdistPinning(_worker_plan), "cuda.xdist")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", CUDA_MARKER_DOC)
+    if (
+        _device_request(config) is not None
+        or config.getoption("cuda_devices_per_worker") is not None
+    ):
+        # Asked-for devices are checked now, so a bad selection stops the run at once.
+        _run_devices(config)
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    run = _run_devices(config)
+    status = run.status
+    if not status.available:
+        return [f"cuda: {status.summary()}"]
+    versions = [f"torch {status.torch_version}", f"CUDA {status.cuda_version}"]
+    if status.driver_version:
+        versions.append(f"driver {status.driver_version}")
+    if status.visible_devices_env is not None:
+        versions.append(f"CUDA_VISIBLE_DEVICES={status.visible_devices_env!r}")
+    lines = [f"cuda: {', '.join(versions)}", f"cuda devices ({run.scope}):"]
+    lines += [f"  cuda:{d.describe()}" for d in run.devices]
+    workers = _xdist_workers(config)
+    if run.plan is not None and workers:
+        lines.append(f"cuda xdist workers ({run.plan.per_worker} device(s) each):")
+        lines += [f"  {line}" for line in run.plan.describe(workers)]
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cuda_device" not in metafunc.fixturenames:
+        return
+    run = _run_devices(metafunc.config)
+    # A pinned xdist worker hands out its own device; every worker must collect the
+    # same tests, so none of them parametrizes.
+    if run.pin is not None or not run.devices:
+        return
+    metafunc.parametrize(
+        "cuda_device",
+        run.devices,
+        ids=[f"cuda:{d.index}" for d in run.devices],
+        indirect=True,
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("cuda") is None:
+    try:
+        requirement = cuda_requirement(item)
+    except MarkerError as exc:
+        malformed = f"malformed @pytest.mark.cuda on {item.nodeid}: {exc}"
+    else:
+        malformed = ""
+    if malformed:
+        pytest.fail(malformed, pytrace=False)
+    if requirement is None:
         return
-    current = cuda.status()
-    if current.available:
+    run = _run_devices(item.config)
+    if run.pin is not None and (drift := run.pin.drift()) is not None:
+        pytest.fail(drift, pytrace=False)
+    reason = _unmet(run, requirement, item)
+    if reason is None:
         return
-    reason = f"CUDA unavailable: {current.reason}"
-    if item.config.getoption("cuda_require"):
+    if item.config.getoption("cuda_require") or not item.config.pluginmanager.has_plugin(
+        "skipping"
+    ):
+        _skip_or_fail(item.config, reason)
+    # Skipped by a mark, the skip is reported at the test's own line (as skipif is),
+    # not at this hook's; pytest's skipping hook runs after this tryfirst one.
+    item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def cuda_device(request: pytest.FixtureRequest) -> torch.device:
+    """A CUDA device for this test, as a ``torch.device``.
+
+    Without pytest-xdist the test runs once per selected device (``--cuda-devices``,
+    default: every visible device), with ids ``cuda:0``, ``cuda:1``; under xdist it is
+    the worker's own first device. Skips (fails under ``--cuda-require``) when there
+    is no usable GPU.
+    """
+    device: DeviceInfo | None = getattr(request, "param", None)
+    if device is None:
+        run = _run_devices(request.config)
+        if not run.devices:
+            _skip_or_fail(request.config, _unavailable(run.status))
+        device = run.devices[0]
+    result: torch.device = cuda.torch_module().device("cuda", device.index)
+    return result
+
+
+@pytest.fixture
+def cuda_devices(request: pytest.FixtureRequest) -> list[torch.device]:
+    """Every selected CUDA device (an xdist worker's own), as ``torch.device`` objects.
+
+    Skips (fails under ``--cuda-require``) when there is no usable GPU, or fewer
+    devices than the test's ``cuda(min_devices=N)`` marker asks.
+    """
+    run = _run_devices(request.config)
+    if not run.devices:
+        _skip_or_fail(request.config, _unavailable(run.status))
+    torch = cuda.torch_module()
+    return [torch.device("cuda", d.index) for d in run.devices]
+
+
+# ---------------------------------------------------------------------------
+# The public API.
+
+
+def selected_devices(config: pytest.Config) -> tuple[DeviceInfo, ...]:
+    """The CUDA devices this process's tests may use, numbered as torch sees them here.
+
+    ``--cuda-devices`` (ini ``cuda_devices``, env ``PYTEST_CUDA_DEVICES``) picks them,
+    default every visible device; in an xdist worker pinned by pytest_cuda, the
+    worker's own devices. Empty without a usable GPU. Discovery runs once per config
+    and creates no CUDA context; a bad selection raises :class:`pytest.UsageError`.
+    """
+    return _run_devices(config).devices
+
+
+def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
+    """What ``item`` asks of the GPU, ``None`` for a test that does not use CUDA.
+
+    Its ``cuda`` markers merged (the strictest value of each keyword wins); a test that
+    takes ``cuda_device`` or ``cuda_devices`` without a marker needs one device.
+    Raises :class:`~pytest_cuda.markers.MarkerError` for a malformed marker.
+    """
+    requirement = merge_requirements(
+        parse_cuda_marker(mark.args, mark.kwargs) for mark in item.iter_markers("cuda")
+    )
+    if requirement is None and set(getattr(item, "fixturenames", ())) & set(DEVICE_FIXTURES):
+        return CudaRequirement()
+    return requirement
+
+
+def item_devices(item: pytest.Item) -> tuple[DeviceInfo, ...]:
+    """The devices ``item`` is given: its ``cuda_device`` parameter, else every selected one."""
+    param = _device_param(item)
+    return (param,) if param is not None else selected_devices(item.config)
+
+
+# ---------------------------------------------------------------------------
+# Inside.
+
+
+def _device_request(config: pytest.Config) -> DeviceRequest | None:
+    """``--cuda-devices``, else ``$PYTEST_CUDA_DEVICES``, else ini ``cuda_devices``."""
+    option: str | None = config.getoption("cuda_devices")
+    env = os.environ.get(ENV_DEVICES, "")
+    ini = str(config.getini("cuda_devices"))
+    try:
+        if option is not None:
+            return parse_device_request(option, f"--cuda-devices={option}")
+        if env.strip():
+            return parse_device_request(env, f"{ENV_DEVICES}={env}")
+        if ini.strip():
+            return parse_device_request(ini, f"cuda_devices = {ini} (ini)")
+    except SelectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return None
+
+
+def _run_devices(config: pytest.Config) -> _RunDevices:
+    run = config.stash.get(_RUN_DEVICES, None)
+    if run is None:
+        run = _discover(config)
+        config.stash[_RUN_DEVICES] = run
+    return run
+
+
+def _discover(config: pytest.Config) -> _RunDevices:
+    status = cuda.status()
+    request = _device_request(config)
+    pin = xdist_pinning.worker_pin(config)
+    if pin is not None:
+        scope = f"owned by xdist worker {pin.worker} (--cuda-devices-per-worker={pin.per_worker})"
+        return _RunDevices(status, status.devices, scope, request, None, pin)
+    try:
+        devices = select_devices(request, status) if request else status.devices
+        plan = _plan(config, request, devices, status)
+    except SelectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    scope = f"selected by {request.source}" if request else "available"
+    return _RunDevices(status, devices, scope, request, plan, None)
+
+
+def _plan(
+    config: pytest.Config,
+    request: DeviceRequest | None,
+    devices: tuple[DeviceInfo, ...],
+    status: CudaStatus,
+) -> WorkerPlan | None:
+    per_worker: int | None = config.getoption("cuda_devices_per_worker")
+    if (request is None and per_worker is None) or not devices or not _distributing(config):
+        return None
+    source = request.source if request else f"--cuda-devices-per-worker={per_worker}"
+    groups = group_devices(devices, per_worker or 1)
+    return WorkerPlan(groups, per_worker or 1, status.visible_devices_env, source)
+
+
+def _worker_plan(config: pytest.Config) -> WorkerPlan | None:
+    return _run_devices(config).plan
+
+
+def _distributing(config: pytest.Config) -> bool:
+    """Whether pytest-xdist starts workers (``-n auto`` is asked before it is resolved)."""
+    if not config.pluginmanager.has_plugin("xdist"):
+        return False
+    numprocesses = getattr(config.option, "numprocesses", None)
+    return numprocesses in ("auto", "logical") or _xdist_workers(config) > 0
+
+
+def _xdist_workers(config: pytest.Config) -> int:
+    """How many xdist workers this run starts (0 when it does not distribute)."""
+    if getattr(config.option, "dist", "no") == "no":
+        return 0
+    count = 0
+    for spec in getattr(config.option, "tx", None) or ():
+        times, star, _ = str(spec).partition("*")
+        count += int(times) if star and times.isdigit() else 1
+    return count
+
+
+def _unavailable(status: CudaStatus) -> str:
+    return f"CUDA unavailable: {status.reason}"
+
+
+def _unmet(run: _RunDevices, requirement: CudaRequirement, item: pytest.Item) -> str | None:
+    if not run.status.available:
+        return _unavailable(run.status)
+    param = _device_param(item)
+    checked = (param,) if param is not None else run.devices[: requirement.min_devices]
+    return unmet_reason(requirement, run.devices, checked, _free_memory, scope=run.scope)
+
+
+def _device_param(item: pytest.Item) -> DeviceInfo | None:
+    callspec = getattr(item, "callspec", None)
+    param: DeviceInfo | None = callspec.params.get("cuda_device") if callspec else None
+    return param
+
+
+def _free_memory(device: DeviceInfo) -> int | None:
+    try:
+        return cuda.nvml_device_memory(device)[1]
+    except cuda.CudaUnavailable:
+        return None
+
+
+def _skip_or_fail(config: pytest.Config, reason: str) -> NoReturn:
+    if config.getoption("cuda_require"):
         pytest.fail(f"{reason} (--cuda-require turns this skip into a failure)", pytrace=False)
     pytest.skip(reason)

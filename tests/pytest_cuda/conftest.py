@@ -1,0 +1,64 @@
+"""Helpers for the plugin's tests: a planted suite on a made-up machine (see fakenvml.py)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gpumagic import cuda
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    FakeGpus = Callable[..., None]
+
+PLANTED_CONFTEST = """
+import fakenvml
+
+fakenvml.install()
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_before_pytester() -> None:
+    """Import torch before any ``pytester`` snapshot of ``sys.modules``.
+
+    Device fixtures import torch inside in-process runs; pytester drops the modules a
+    test imported when it ends, and torch's C extension crashes when imported twice.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Failed to initialize NumPy" where it is absent
+        cuda.torch_module()
+
+
+@pytest.fixture
+def fake_gpus(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> FakeGpus:
+    """``fake_gpus(boards, cuda="13.0", torch=…, driver=…)`` plants the made-up machine.
+
+    The planted suite's conftest installs it at import (in-process runs, subprocesses
+    and xdist workers alike); ``CUDA_VISIBLE_DEVICES`` starts unset. The seam's real
+    discovery functions are put back after the test whatever the inner run did.
+    """
+    monkeypatch.setattr(cuda, "_nvml", cuda._nvml)
+    monkeypatch.setattr(cuda, "_torch_version_file", cuda._torch_version_file)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("PYTEST_CUDA_DEVICES", raising=False)
+    source = (Path(__file__).parent / "fakenvml.py").read_text()
+    pytester.makepyfile(fakenvml=source)
+    pytester.makeconftest(PLANTED_CONFTEST)
+
+    def plant(
+        boards: list[dict[str, Any]],
+        *,
+        cuda: str | None = "13.0",
+        torch: str = "2.11.0+cu130",
+        driver: str = "580.95.05",
+    ) -> None:
+        machine = {"torch": torch, "cuda": cuda, "driver": driver, "boards": boards}
+        monkeypatch.setenv("PYTEST_CUDA_FAKE_GPUS", json.dumps(machine))
+
+    return plant

@@ -1,0 +1,147 @@
+"""Made-up GPUs for plugin tests on machines without them: NVML's answers, nothing more.
+
+A planted suite's ``conftest.py`` calls :func:`install` at import, in the pytest process
+and in every xdist worker. It swaps two discovery inputs of :mod:`gpumagic.cuda`: the
+NVML library (boards, MIG instances, memory, driver version) and torch's version file.
+Everything downstream (``CUDA_VISIBLE_DEVICES`` in its index, UUID and MIG forms, the
+plugin's selection and pinning) runs for real. No CUDA work is faked: a test that
+launches a kernel on a made-up GPU fails as it would without a GPU.
+
+The machine is described by JSON in ``$PYTEST_CUDA_FAKE_GPUS``::
+
+    {"torch": "2.11.0+cu130", "cuda": "13.0", "driver": "580.95.05",
+     "boards": [{"name": "NVIDIA H200", "uuid": "GPU-fake-0", "total": 150…, "free": 140…,
+                 "capability": [9, 0], "migs": [{"name": …, "uuid": "MIG-…", …}]}]}
+
+``"cuda": null`` makes torch a CPU-only build; ``"boards": []`` a driver without GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+ENV = "PYTEST_CUDA_FAKE_GPUS"
+
+
+GIB = 1024**3
+H200_TOTAL = 150_754_820_096  # what NVML reports for an H200 (140.4 GiB)
+
+
+def board(
+    i: int,
+    name: str = "NVIDIA H200",
+    *,
+    total: int = H200_TOTAL,
+    free: int | None = None,
+    capability: tuple[int, int] = (9, 0),
+    migs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One made-up board, ``GPU-fake-<i>``."""
+    return {
+        "name": name,
+        "uuid": f"GPU-fake-{i}",
+        "total": total,
+        "free": total - GIB if free is None else free,
+        "capability": list(capability),
+        "migs": migs or [],
+    }
+
+
+def h200s(count: int) -> list[dict[str, Any]]:
+    return [board(i) for i in range(count)]
+
+
+CPU_BUILD = {"boards": [], "cuda": None, "torch": "2.11.0+cpu"}
+CPU_BUILD_REASON = "torch 2.11.0+cpu was built without CUDA (a CPU-only build)"
+
+
+class NVMLError(Exception):
+    """Raised where real NVML raises (no MIG mode, unknown handle)."""
+
+
+@dataclass
+class Board:
+    name: str
+    uuid: str
+    total: int
+    free: int
+    capability: tuple[int, int]
+    migs: list[Board] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Board:
+        return cls(
+            name=data["name"],
+            uuid=data["uuid"],
+            total=int(data["total"]),
+            free=int(data.get("free", data["total"])),
+            capability=(int(data["capability"][0]), int(data["capability"][1])),
+            migs=[cls.from_json(m) for m in data.get("migs", [])],
+        )
+
+
+class FakeNVML:
+    """The pynvml calls :mod:`gpumagic.cuda` makes, answered from a list of boards."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, boards: list[Board], driver: str) -> None:
+        self.boards = boards
+        self.driver = driver
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.boards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Board:
+        return self.boards[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> Board:
+        wanted = uuid.decode()
+        for board in self.boards:
+            for candidate in (board, *board.migs):
+                if candidate.uuid == wanted:
+                    return candidate
+        raise NVMLError(f"no device {wanted}")
+
+    def nvmlDeviceGetName(self, handle: Board) -> str:
+        return handle.name
+
+    def nvmlDeviceGetUUID(self, handle: Board) -> bytes:
+        return handle.uuid.encode()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Board) -> SimpleNamespace:
+        used = handle.total - handle.free
+        return SimpleNamespace(total=handle.total, free=handle.free, used=used)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Board) -> tuple[int, int]:
+        return handle.capability
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Board) -> int:
+        if not handle.migs:
+            raise NVMLError("MIG mode is not enabled")
+        return len(handle.migs)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Board, index: int) -> Board:
+        return handle.migs[index]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Board) -> list[Any]:
+        return []
+
+
+def install() -> None:
+    """Point :mod:`gpumagic.cuda`'s discovery at the machine in ``$PYTEST_CUDA_FAKE_GPUS``."""
+    from gpumagic import cuda
+
+    spec = json.loads(os.environ[ENV])
+    nvml = FakeNVML([Board.from_json(b) for b in spec["boards"]], spec.get("driver", "580.95.05"))
+    versions = {"torch": spec.get("torch", "2.11.0+cu130"), "cuda": spec.get("cuda", "13.0")}
+    cuda._nvml = lambda: nvml  # type: ignore[assignment]
+    cuda._torch_version_file = lambda: dict(versions)  # type: ignore[assignment]
+    cuda.reset_status_cache()
