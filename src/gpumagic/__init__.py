@@ -17,7 +17,7 @@ __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension"]
 
 # Each entry: a module holding IPython glue, with ``register(shell)`` that registers
 # its Magics class. Imported only when the extension loads.
-_MAGIC_MODULES: tuple[str, ...] = ()
+_MAGIC_MODULES: tuple[str, ...] = ("gpumagic.memory_magics",)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:

@@ -395,3 +395,225 @@ def visible_devices(value: str | None) -> Iterator[None]:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+# ---------------------------------------------------------------------------
+# %gpumem (issue 5): allocator counters, peak resets, allocation stacks, NVML per
+# process, and the facts of live tensors. None of these creates a CUDA context: the
+# torch ones answer "nothing" until this process has initialised CUDA.
+
+
+def allocator_counters(device: int) -> dict[str, int]:
+    """The caching allocator's counters for ``device`` in bytes (one nested C call).
+
+    Keys: ``allocated``, ``reserved``, ``peak_allocated``, ``peak_reserved``,
+    ``requested`` (bytes the tensors asked for, before rounding to blocks),
+    ``alloc_retries`` and ``ooms``. All zero, without touching CUDA, when torch has not
+    initialised it.
+    """
+    names = (
+        "allocated",
+        "reserved",
+        "peak_allocated",
+        "peak_reserved",
+        "requested",
+        "alloc_retries",
+        "ooms",
+    )
+    if not is_initialized():
+        return dict.fromkeys(names, 0)
+    stats = torch_module()._C._cuda_memoryStats(device)
+
+    def get(name: str, which: str = "current") -> int:
+        entry = stats.get(name)
+        return int(entry["all"][which]) if entry else 0
+
+    return {
+        "allocated": get("allocated_bytes"),
+        "reserved": get("reserved_bytes"),
+        "peak_allocated": get("allocated_bytes", "peak"),
+        "peak_reserved": get("reserved_bytes", "peak"),
+        "requested": get("requested_bytes"),
+        "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def reset_peak_memory_stats(device: int) -> None:
+    """Reset every peak counter of ``device`` (torch's API is all-or-nothing per device).
+
+    Callers must say so to the user: it changes what ``torch.cuda.max_memory_allocated``
+    reports afterwards. Does nothing when CUDA is not initialised.
+    """
+    if is_initialized():
+        torch_module().cuda.reset_peak_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Return torch's cached, unused blocks to the driver (only when CUDA is initialised)."""
+    if is_initialized():
+        torch_module().cuda.empty_cache()
+
+
+def allocator_backend() -> str | None:
+    """``"native"`` or ``"cudaMallocAsync"``; ``None`` when torch is not imported."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "cuda"):
+        return None
+    try:
+        return str(torch.cuda.get_allocator_backend())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def device_total_memory(device: int) -> int | None:
+    """Total memory of ``device`` from torch's properties, only once CUDA is initialised
+    (reading properties earlier would initialise it)."""
+    if not is_initialized():
+        return None
+    return int(torch_module().cuda.get_device_properties(device).total_memory)
+
+
+def nvml_memory_info(device: DeviceInfo) -> tuple[int, int, int, int | None]:
+    """``(total, used, free, driver_reserved)`` bytes of the whole device.
+
+    Uses NVML's v2 memory query where the driver has it (driver 515+): there ``used``
+    excludes the memory the driver reserves for itself, as nvidia-smi shows it, and
+    ``driver_reserved`` is that reservation; otherwise ``None`` (gpustat#141). Raises
+    :class:`CudaUnavailable` when NVML is missing or the query fails.
+    """
+    nvml = _require_nvml()
+    try:
+        handle = _nvml_handle(device)
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            with contextlib.suppress(nvml.NVMLError, TypeError, AttributeError):
+                info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+                return int(info.total), int(info.used), int(info.free), int(info.reserved)
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    except nvml.NVMLError as exc:
+        raise CudaUnavailable(
+            f"NVML could not read the memory of cuda:{device.index}: {exc}"
+        ) from None
+    return int(info.total), int(info.used), int(info.free), None
+
+
+def nvml_processes(device: DeviceInfo) -> list[tuple[int, int | None]]:
+    """``[(pid, bytes)]`` of the compute and graphics processes on ``device``.
+
+    ``bytes`` is ``None`` where the driver does not say (MIG instances, Windows WDDM).
+    Falls back to the v2 process query on drivers without v3 (gpustat#107). Raises
+    :class:`CudaUnavailable` when NVML is missing or the driver refuses the query.
+    """
+    nvml = _require_nvml()
+    found: dict[int, int | None] = {}
+    try:
+        handle = _nvml_handle(device)
+        for kind in ("Compute", "Graphics"):
+            query = getattr(nvml, f"nvmlDeviceGet{kind}RunningProcesses")
+            try:
+                procs = query(handle)
+            except nvml.NVMLError_FunctionNotFound:
+                procs = getattr(nvml, f"nvmlDeviceGet{kind}RunningProcesses_v2")(handle)
+            for proc in procs:
+                used = proc.usedGpuMemory
+                value = int(used) if used is not None and used < 2**63 else None
+                old = found.get(int(proc.pid))
+                found[int(proc.pid)] = value if old is None else max(old, value or 0)
+    except nvml.NVMLError as exc:
+        raise CudaUnavailable(
+            f"NVML could not list the processes on cuda:{device.index}: {exc}"
+        ) from None
+    return sorted(found.items())
+
+
+@dataclass(frozen=True)
+class TensorFacts:
+    """What a live tensor holds: its storage (shared by views), size and where."""
+
+    storage: tuple[str, int]
+    nbytes: int
+    device: str
+    shape: tuple[int, ...]
+    dtype: str
+    grad: object | None = None
+    view: bool = False
+
+
+def tensor_facts(obj: object) -> TensorFacts | None:
+    """The facts of ``obj`` when it is a torch tensor (any device), else ``None``.
+
+    Reads only host-side metadata: no synchronisation, no CUDA context. Views of one
+    storage get the same ``storage`` key; ``grad`` is read only from leaf tensors (a
+    non-leaf's ``.grad`` warns).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    import warnings
+
+    device = str(obj.device)
+    try:
+        storage = obj.untyped_storage()
+        key = (device, int(storage.data_ptr()))
+        nbytes = int(storage.nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):
+        # Sparse, nested or fake tensors: no single storage to share.
+        key = ("object", id(obj))
+        nbytes = int(obj.element_size() * obj.numel()) if obj.layout == torch.strided else 0
+    if key[1] == 0:
+        key = ("object", id(obj))
+    grad = None
+    if obj.is_leaf:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grad = obj.grad
+    return TensorFacts(
+        storage=key,
+        nbytes=nbytes,
+        device=device,
+        shape=tuple(int(n) for n in obj.shape),
+        dtype=str(obj.dtype).removeprefix("torch."),
+        grad=grad,
+        view=bool(obj._is_view()),
+    )
+
+
+def memory_history_enabled() -> bool:
+    """Whether torch's allocator is recording allocation stacks (the user's or ours)."""
+    if not is_initialized():
+        return False
+    probe = getattr(torch_module()._C, "_cuda_isHistoryEnabled", None)
+    return bool(probe()) if probe is not None else False
+
+
+def start_memory_history(max_entries: int) -> bool:
+    """Record the Python stack of every allocation from now on; ``True`` if we turned it on.
+
+    Records allocation stacks for live blocks (``enabled="state"``, ``context="state"``,
+    Python frames only: one stack capture per allocation, none per free); the event ring
+    buffer is bounded by ``max_entries``. When recording is already on (the user's own
+    ``_record_memory_history``), their settings are kept and ``False`` is returned.
+    Initialises CUDA when it is not yet (recording needs the allocator).
+    """
+    torch = torch_module()
+    if not is_initialized():
+        torch.cuda.init()
+    if memory_history_enabled():
+        return False
+    torch.cuda.memory._record_memory_history(
+        "state", context="state", stacks="python", max_entries=max_entries
+    )
+    return True
+
+
+def stop_memory_history() -> None:
+    """Switch allocation-stack recording off (only after :func:`start_memory_history`
+    returned ``True``)."""
+    torch_module().cuda.memory._record_memory_history(None)
+
+
+def memory_snapshot_segments() -> list[dict[str, Any]]:
+    """The allocator's segments and blocks with their allocation stacks (all devices)."""
+    snapshot = torch_module().cuda.memory._snapshot()
+    return list(snapshot.get("segments", []))

@@ -1,0 +1,403 @@
+"""``%gpumem`` / ``%%gpumem``: IPython glue over :mod:`gpumagic.memory`.
+
+Parses the options, reads the figures through the core, and shows them with
+``display()`` (HTML and text). ``%gpumem watch`` hooks ``pre_run_cell`` /
+``post_run_cell``; ``%gpumem off`` unhooks them.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from typing import TYPE_CHECKING, Any
+
+from IPython import display as _display
+from IPython.core import magic_arguments as _magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from gpumagic import cuda, memory
+from gpumagic.memory_result import CellMemResult, GpuMemResult
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+
+    from gpumagic.devices import CudaStatus, DeviceInfo
+
+__all__ = ["GpuMemMagics", "register", "unregister"]
+
+# IPython's helpers are untyped; these typed names keep mypy strict here.
+magic_arguments: Callable[[], Callable[[Callable[..., Any]], Callable[..., Any]]] = (
+    _magic_arguments.magic_arguments
+)
+argument: Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]] = (
+    _magic_arguments.argument
+)
+parse_argstring: Callable[[Callable[..., Any], str], Any] = _magic_arguments.parse_argstring
+display: Callable[..., None] = _display.display
+
+
+def _show(result: GpuMemResult | CellMemResult) -> None:
+    display({"text/plain": result.text(), "text/html": result._repr_html_()}, raw=True)
+
+
+def _library_check() -> Callable[[str], bool]:
+    """Whether a frame's file is library code (torch, IPython, gpumagic, the standard
+    library) rather than the user's: allocations are charged to the user's line."""
+    torch_dir = cuda.torch_package_dir()
+    dirs = [str(torch_dir) if torch_dir else "", os.path.dirname(memory.__file__)]
+    for name in ("IPython", "ipykernel"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(str(module.__file__)))
+    prefixes = tuple(d.rstrip(os.sep) + os.sep for d in dirs if d)
+    stdlib = sysconfig.get_paths()["stdlib"].rstrip(os.sep) + os.sep
+
+    def is_library(filename: str) -> bool:
+        if filename.startswith(("<frozen", *prefixes)):
+            return True
+        return filename.startswith(stdlib) and "-packages" + os.sep not in filename
+
+    return is_library
+
+
+@magics_class
+class GpuMemMagics(Magics):
+    """``%gpumem`` and ``%%gpumem``."""
+
+    def __init__(self, shell: InteractiveShell) -> None:
+        super().__init__(shell)
+        self._peak_resets: dict[int, memory.PeakReset] = {}
+        self._watch: tuple[tuple[DeviceInfo, ...], bool] | None = None
+        self._meters: list[memory.CellMeter | None] = []
+        self._inside_cell_magic = 0
+        self._cell_magic_ran = False
+
+    @property
+    def _shell(self) -> InteractiveShell:
+        assert self.shell is not None, "GpuMemMagics needs a shell"
+        return self.shell
+
+    @magic_arguments()
+    @argument(
+        "action",
+        nargs="?",
+        choices=("watch", "off"),
+        help="watch: after every cell print one line (allocated change, peak, reserved); "
+        "off: stop that.",
+    )
+    @argument(
+        "--top",
+        type=int,
+        metavar="N",
+        help="list the N largest live CUDA tensors with the names that reach them "
+        "(x, model.layer1.weight.grad, opt.state[...]); views of one storage count once; "
+        "memory no name reaches is given as a total.",
+    )
+    @argument("--gc", action="store_true", help="run gc.collect() first; report what it freed.")
+    @argument(
+        "--empty-cache",
+        action="store_true",
+        help="return torch's cached, unused memory to the driver first "
+        "(torch.cuda.empty_cache()); report what it released.",
+    )
+    @argument(
+        "--device",
+        metavar="D",
+        help="only these devices: 0, cuda:1 or 0,1 (default: every visible device).",
+    )
+    @argument(
+        "--trace",
+        action="store_true",
+        help="%%gpumem only: attribute the memory still allocated after the cell to the "
+        "lines that allocated it (torch's allocation stacks, recorded only during the "
+        "cell).",
+    )
+    @argument(
+        "--keep-peak",
+        action="store_true",
+        help="%%gpumem and watch: never reset the allocator's peak counters; when your "
+        "earlier peak hides the cell's, report an upper bound instead.",
+    )
+    @argument(
+        "-o",
+        dest="return_result",
+        action="store_true",
+        help="return the result object (to_dict(), HTML and text) instead of displaying it.",
+    )
+    @line_cell_magic
+    def gpumem(self, line: str, cell: str | None = None) -> Any:
+        """Show where the GPU memory went, without disturbing it.
+
+        ``%gpumem``: for each device, memory allocated by tensors, cached by torch's
+        allocator (together: reserved), the peak, this process's total as nvidia-smi
+        shows it (CUDA context and libraries included), the other processes, and the
+        device's used / free / total. It never creates a CUDA context (before this
+        kernel uses CUDA it shows NVML's figures and says so) and frees nothing unless
+        asked (``--gc``, ``--empty-cache``).
+
+        ``%%gpumem``: run the cell, then show the change in allocated memory, the exact
+        peak during the cell (the allocator's own counter, not sampling) and the growth
+        of reserved memory. The peak counters are reset before the cell only when an
+        earlier, higher peak would hide the cell's; the report then says so
+        (``--keep-peak`` never resets). ``--trace`` adds the lines that allocated what
+        is still alive at the end.
+
+        ``%gpumem watch`` prints one such line after every cell; ``%gpumem off`` stops.
+
+        Examples::
+
+            %gpumem
+            %gpumem --top 10
+            %gpumem --gc --empty-cache
+            r = %gpumem -o
+            r.to_dict()["devices"][0]["allocated"]
+
+            %%gpumem --trace
+            y = model(x)
+        """
+        args = parse_argstring(self.gpumem, line)
+        if cell is None:
+            return self._line(args)
+        return self._cell(args, cell)
+
+    # -- %gpumem ---------------------------------------------------------------
+
+    def _line(self, args: Any) -> Any:
+        if args.trace:
+            raise UsageError(
+                "--trace is an option of the cell magic: put %%gpumem --trace "
+                "on the first line of the cell"
+            )
+        if args.action == "off":
+            self._check_alone(args, "off", allowed=())
+            self._stop_watch(say=True)
+            return None
+        if args.action == "watch":
+            self._check_alone(args, "watch", allowed=("device", "keep_peak"))
+            return self._start_watch(args)
+        if args.keep_peak:
+            raise UsageError("--keep-peak applies to %%gpumem and %gpumem watch")
+        if args.top is not None and args.top < 1:
+            raise UsageError(f"--top takes a positive number of tensors, not {args.top}")
+        status = cuda.status()
+        if not status.available:
+            result = GpuMemResult(memory.MemoryReport(summary="", unavailable=_no_cuda(status)))
+        else:
+            devices = self._devices(status, args.device)
+            roots = (
+                memory.namespace_roots(self._shell.user_ns, self._shell.user_ns_hidden)
+                if args.top
+                else []
+            )
+            report = memory.read_report(
+                devices,
+                summary=status.summary(),
+                top=args.top or 0,
+                roots=roots,
+                collect=args.gc,
+                empty_cache=args.empty_cache,
+                peak_resets=self._peak_resets.values(),
+            )
+            result = GpuMemResult(report)
+        if args.return_result:
+            return result
+        _show(result)
+        return None
+
+    @staticmethod
+    def _check_alone(args: Any, action: str, allowed: tuple[str, ...]) -> None:
+        given = {
+            "top": args.top is not None,
+            "gc": args.gc,
+            "empty_cache": args.empty_cache,
+            "device": args.device is not None,
+            "keep_peak": args.keep_peak,
+            "return_result": args.return_result,
+        }
+        extra = [name for name, on in given.items() if on and name not in allowed]
+        if extra:
+            options = ", ".join(
+                "-o" if n == "return_result" else "--" + n.replace("_", "-") for n in extra
+            )
+            takes = " and ".join("--" + a.replace("_", "-") for a in allowed) or "no option"
+            raise UsageError(f"%gpumem {action} takes {takes}, not {options}")
+
+    def _devices(self, status: CudaStatus, spec: str | None) -> tuple[DeviceInfo, ...]:
+        try:
+            return memory.select_devices(status.devices, spec)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    # -- %%gpumem ----------------------------------------------------------------
+
+    def _cell(self, args: Any, cell: str) -> Any:
+        if args.action is not None:
+            raise UsageError(f"'{args.action}' is for the line magic: %gpumem {args.action}")
+        misplaced = [
+            name
+            for name, on in (
+                ("--top", args.top is not None),
+                ("--gc", args.gc),
+                ("--empty-cache", args.empty_cache),
+            )
+            if on
+        ]
+        if misplaced:
+            what = "is an option" if len(misplaced) == 1 else "are options"
+            raise UsageError(
+                "%%gpumem takes --trace, --keep-peak, --device and -o; "
+                f"{', '.join(misplaced)} {what} of the line magic %gpumem"
+            )
+        label = self._cell_label()
+        status = cuda.status()
+        self._cell_magic_ran = True
+        if not status.available:
+            self._run(cell)
+            result = CellMemResult(
+                memory.CellMemoryReport(label=label, unavailable=_no_cuda(status))
+            )
+        else:
+            devices = self._devices(status, args.device)
+            meter = memory.CellMeter(devices, label, keep_peak=args.keep_peak, trace=args.trace)
+            files_before = set(linecache.cache) if args.trace else set()
+            meter.start()
+            try:
+                self._run(cell)
+            finally:
+                cell_files = frozenset(set(linecache.cache) - files_before)
+
+                def where(filename: str, line: int) -> str:
+                    # IPython files the body under the next execution count; name it
+                    # after the cell the user sees.
+                    if filename in cell_files:
+                        return f"{label} line {line}"
+                    return self._where(filename, line)
+
+                report = meter.finish(
+                    cell_files=cell_files,
+                    is_library=_library_check(),
+                    where=where,
+                    source=_source,
+                )
+                self._remember(meter.resets)
+            result = CellMemResult(report)
+        if args.return_result:
+            return result
+        _show(result)
+        return None
+
+    def _cell_label(self) -> str:
+        """``In[N]`` of the cell being run (IPython counts it up before running it)."""
+        running = self._shell.displayhook.exec_result
+        count = running.execution_count if running is not None else None
+        return f"In[{count if count is not None else self._shell.execution_count}]"
+
+    def _run(self, cell: str) -> None:
+        """Run the cell as a cell of its own (tracebacks, display of its last value)."""
+        self._inside_cell_magic += 1
+        try:
+            run: Callable[..., Any] = self._shell.run_cell  # untyped in IPython
+            run(cell, store_history=False)
+        finally:
+            self._inside_cell_magic -= 1
+
+    def _where(self, filename: str, line: int) -> str:
+        named = self._shell.compile.format_code_name(filename)
+        if named is not None:
+            return f"{named[1]} line {line}"
+        try:
+            relative = os.path.relpath(filename)
+        except ValueError:
+            relative = filename
+        shown = filename if relative.startswith("..") else relative
+        return f"{shown}:{line}"
+
+    def _remember(self, resets: tuple[memory.PeakReset, ...]) -> None:
+        for reset in resets:
+            self._peak_resets[reset.device] = reset
+
+    # -- %gpumem watch -----------------------------------------------------------
+
+    def _start_watch(self, args: Any) -> None:
+        status = cuda.status()
+        if not status.available:
+            display({"text/plain": f"gpumem: {_no_cuda(status)}; nothing to watch"}, raw=True)
+            return
+        devices = self._devices(status, args.device)
+        if self._watch is None:
+            self._shell.events.register("pre_run_cell", self._pre_run_cell)
+            self._shell.events.register("post_run_cell", self._post_run_cell)
+        self._watch = (devices, args.keep_peak)
+        peaks = (
+            "peak counters are never reset (--keep-peak)"
+            if args.keep_peak
+            else "the allocator's peak counters are reset before a cell when an earlier, "
+            "higher peak would hide the cell's"
+        )
+        display(
+            {
+                "text/plain": "gpumem: watching GPU memory after every cell "
+                f"(%gpumem off stops); {peaks}"
+            },
+            raw=True,
+        )
+
+    def _stop_watch(self, *, say: bool) -> None:
+        if self._watch is None:
+            if say:
+                display({"text/plain": "gpumem: watch was not on"}, raw=True)
+            return
+        self._shell.events.unregister("pre_run_cell", self._pre_run_cell)
+        self._shell.events.unregister("post_run_cell", self._post_run_cell)
+        self._watch = None
+        self._meters.clear()
+        if say:
+            display({"text/plain": "gpumem: watch is off"}, raw=True)
+
+    def _pre_run_cell(self, info: ExecutionInfo) -> None:
+        if self._watch is None or self._inside_cell_magic:
+            # The cell a %%gpumem runs: that magic reports it.
+            self._meters.append(None)
+            return
+        devices, keep_peak = self._watch
+        meter = memory.CellMeter(devices, "this cell", keep_peak=keep_peak)
+        meter.start()
+        self._cell_magic_ran = False
+        self._meters.append(meter)
+
+    def _post_run_cell(self, result: ExecutionResult) -> None:
+        meter = self._meters.pop() if self._meters else None
+        if meter is None:
+            return
+        meter.label = f"In[{result.execution_count}]"
+        report = meter.finish()
+        self._remember(meter.resets)
+        if self._cell_magic_ran:
+            return  # a %%gpumem in this cell already reported (and may have reset peaks)
+        display({"text/plain": memory.format_watch_line(report)}, raw=True)
+
+
+def _source(filename: str, line: int) -> str:
+    text = linecache.getline(filename, line).strip()
+    return text if len(text) <= 100 else text[:99] + "…"
+
+
+def _no_cuda(status: CudaStatus) -> str:
+    return f"no CUDA here: {status.reason}"
+
+
+def register(shell: InteractiveShell) -> None:
+    """Register ``%gpumem`` / ``%%gpumem`` on ``shell``."""
+    shell.register_magics(GpuMemMagics)
+
+
+def unregister(shell: InteractiveShell) -> None:
+    """Stop ``%gpumem watch`` (``%unload_ext gpumagic``)."""
+    magics = shell.magics_manager.registry.get("GpuMemMagics")
+    if isinstance(magics, GpuMemMagics):
+        magics._stop_watch(say=False)
