@@ -7,17 +7,20 @@ free: torch is imported on the first CUDA use and IPython when the extension loa
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 __version__ = "0.1.0.dev0"
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["__version__", "compare", "load_ipython_extension", "unload_ipython_extension"]
 
 # Each entry: a module holding IPython glue, with ``register(shell)`` that registers
 # its Magics class. Imported only when the extension loads.
-_MAGIC_MODULES: tuple[str, ...] = ("gpumagic.memory_magics",)
+_MAGIC_MODULES: tuple[str, ...] = (
+    "gpumagic.memory_magics",
+    "gpumagic.timing_magics",
+)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
@@ -33,3 +36,12 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
         unregister = getattr(module, "unregister", None)
         if unregister is not None:
             unregister(ipython)
+
+
+def __getattr__(name: str) -> Any:
+    """``gpumagic.compare``, imported on first use (importing gpumagic stays free)."""
+    if name == "compare":
+        from gpumagic.timing_result import compare
+
+        return compare
+    raise AttributeError(f"module 'gpumagic' has no attribute {name!r}")

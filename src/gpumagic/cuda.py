@@ -35,7 +35,7 @@ from gpumagic.devices import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
     from types import ModuleType
 
     import torch
@@ -617,3 +617,455 @@ def memory_snapshot_segments() -> list[dict[str, Any]]:
     """The allocator's segments and blocks with their allocation stacks (all devices)."""
     snapshot = torch_module().cuda.memory._snapshot()
     return list(snapshot.get("segments", []))
+
+
+# ---------------------------------------------------------------------------
+# %cudatime (gpumagic.timing): events on each device's current stream, the spin kernel
+# that keeps launch latency out of the events, the L2 flush, CUDA graph capture, CUPTI
+# kernel time through torch.profiler, and hidden-sync detection.
+
+#: ``record_function`` label around the L2 flush, so CUPTI figures can leave it out.
+FLUSH_LABEL = "gpumagic.l2_flush"
+
+# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's data sheets, matched against the
+# device name in this order (more specific names first).
+_DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.4e12),
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.0e12),
+    ("H100 NVL", 835.0e12),
+    ("H100", 989.4e12),
+    ("H800", 989.4e12),
+    ("B200", 2250.0e12),
+    ("A100", 312.0e12),
+    ("A800", 312.0e12),
+    ("L40S", 362.05e12),
+    ("L4", 121.0e12),
+    ("RTX 4090", 165.2e12),
+)
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """What the timing report needs to know about one device."""
+
+    name: str
+    l2_cache_bytes: int
+    dram_bytes_per_s: float | None
+    tensor_flops: float | None
+    flops_basis: str
+
+
+def context_devices(also: int | None = None) -> list[int]:
+    """The current device and every device with a CUDA context in this process.
+
+    Work can only have been queued on devices with a context, so these are the ones a
+    timed body can have used. Call it only once CUDA is initialised.
+    """
+    torch = torch_module()
+    found = {int(torch.cuda.current_device())}
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if has_context is not None:
+        found.update(i for i in range(torch.cuda.device_count()) if has_context(i))
+    if also is not None:
+        found.add(also)
+    return sorted(found)
+
+
+def current_device() -> int:
+    """The index of torch's current CUDA device."""
+    return int(torch_module().cuda.current_device())
+
+
+def use_device(index: int) -> contextlib.AbstractContextManager[Any]:
+    """Make ``index`` the current device for a block, then put the old one back."""
+    return cast("contextlib.AbstractContextManager[Any]", torch_module().cuda.device(index))
+
+
+def record_event(device: int) -> torch.cuda.Event:
+    """A timing event recorded now on ``device``'s current stream."""
+    tm = torch_module()
+    event: torch.cuda.Event = tm.cuda.Event(enable_timing=True)
+    event.record(tm.cuda.current_stream(device))
+    return event
+
+
+def current_streams(devices: Iterable[int]) -> list[Any]:
+    """The current stream of each device (to put back with :func:`restore_streams`)."""
+    torch = torch_module()
+    return [torch.cuda.current_stream(d) for d in devices]
+
+
+def restore_streams(streams: Iterable[Any]) -> None:
+    """Make each stream current again on its device."""
+    torch = torch_module()
+    for stream in streams:
+        if torch.cuda.current_stream(stream.device) != stream:
+            torch.cuda.set_stream(stream)
+
+
+@functools.cache
+def _cycles_per_us(device: int) -> float:
+    rate = getattr(torch_module().cuda.get_device_properties(device), "clock_rate", 0)
+    return rate / 1e3 if rate else 2000.0  # clock_rate is in kHz
+
+
+def spin(device: int, microseconds: float) -> None:
+    """Queue a kernel that spins for about ``microseconds`` on ``device``'s current stream.
+
+    Queued ahead of a start event it keeps the GPU busy while the host enqueues the event
+    and the first launches, so the interval starts when the GPU reaches the work, not
+    when the host did (the idle-queue pitfall); NVBench's blocking kernel does the same.
+    """
+    torch = torch_module()
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return
+    with torch.cuda.device(device):
+        sleep(int(microseconds * _cycles_per_us(device)))
+
+
+def device_peaks(device: int) -> DevicePeaks:
+    """Name, L2 size, and the DRAM and dense bf16 peaks of ``device`` where known."""
+    props = torch_module().cuda.get_device_properties(device)
+    name = str(props.name)
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    dram = clock_khz * 1e3 * bus_bits * 2 / 8 if clock_khz and bus_bits else None
+    if dram is None:
+        dram = _nvml_dram_peak(device)
+    flops = next((peak for key, peak in _DENSE_BF16_PEAKS if key in name), None)
+    return DevicePeaks(
+        name=name,
+        l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
+        dram_bytes_per_s=dram,
+        tensor_flops=flops,
+        flops_basis="dense bf16 tensor-core peak" if flops else "",
+    )
+
+
+def _nvml_dram_peak(device: int) -> float | None:
+    nvml = _nvml()
+    visible = devices()
+    if nvml is None or device >= len(visible):
+        return None
+    try:
+        handle = _nvml_handle(visible[device])
+        clock_mhz = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM)
+        bus_bits = nvml.nvmlDeviceGetMemoryBusWidth(handle)
+    except (nvml.NVMLError, CudaUnavailable, AttributeError):
+        return None
+    return float(clock_mhz) * 1e6 * float(bus_bits) * 2 / 8
+
+
+def l2_flush_buffer(device: int) -> torch.Tensor:
+    """A buffer twice the size of ``device``'s L2 cache (at least 64 MiB) to flush it."""
+    tm = torch_module()
+    l2 = int(getattr(tm.cuda.get_device_properties(device), "L2_cache_size", 0))
+    size = max(2 * l2, 64 << 20)
+    buffer: torch.Tensor = tm.empty(size // 4, dtype=tm.int32, device=device)
+    return buffer
+
+
+def flush_l2(buffer: torch.Tensor) -> None:
+    """Overwrite the flush buffer on the current stream (labelled for CUPTI)."""
+    torch = torch_module()
+    with torch.profiler.record_function(FLUSH_LABEL):
+        buffer.zero_()
+
+
+class GraphCaptureError(RuntimeError):
+    """The body could not be captured in a CUDA graph; the message says why."""
+
+
+def capture_graph(run: Callable[[int], object], iterations: int, device: int) -> Callable[[], None]:
+    """Capture ``run(iterations)`` in a CUDA graph on ``device``; returns its replay.
+
+    Warms up on a side stream first, as torch asks; the garbage collector is off during
+    capture (a finalizer must not free memory the graph is using). An exception raised
+    by ``run`` during the warm-up is the body's own and propagates unchanged; a failure
+    during capture becomes :class:`GraphCaptureError` with the reason.
+    """
+    import gc
+    import warnings
+
+    torch = torch_module()
+    with torch.cuda.device(device):
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            run(2)
+        current.wait_stream(side)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph):
+                    run(iterations)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize(device)
+            raise GraphCaptureError(_capture_reason(exc)) from exc
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        if any("empty" in str(w.message).lower() for w in caught):
+            raise GraphCaptureError(
+                "the body launched no GPU work while it was captured (CPU tensors?), "
+                "so replaying the graph would time nothing"
+            )
+        graph.replay()
+        torch.cuda.synchronize(device)
+    replay: Callable[[], None] = graph.replay
+    return replay
+
+
+def _capture_reason(exc: BaseException) -> str:
+    chain = [exc]
+    while chain[-1].__context__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__context__)
+    texts = " ".join(str(e) for e in chain)
+    root = chain[-1]
+    first = (str(root).strip().splitlines() or [""])[0]
+    if "capturing" in texts or "StreamCapture" in texts or "capture" in first.lower():
+        return (
+            f"the body synchronizes with the host or leaves the GPU during capture ({first}); "
+            "CUDA graphs cannot hold that: look for .item(), .cpu(), printing a CUDA "
+            "tensor, nonzero() or data-dependent shapes (--sync-check names them)"
+        )
+    return f"{type(root).__name__}: {first}"
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """CUPTI's record of a profiled stretch of iterations (times in µs)."""
+
+    busy_us: float
+    span_us: float | None
+    kernels: tuple[tuple[str, int, float], ...]
+    flushes_removed: int
+
+
+def profile_kernels(
+    warm: Callable[[], object], run: Callable[[], object], devices: Iterable[int], flushes: int = 0
+) -> KernelProfile:
+    """Kernel, copy and memset time of ``run()`` from CUPTI (torch.profiler).
+
+    ``warm()`` runs during the profiler's warm-up step, whose records are dropped (a fresh
+    profiler session can lose the first activities). With ``flushes`` > 0, kernels launched
+    inside :func:`flush_l2` are taken out of the figures.
+    """
+    torch = torch_module()
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    devices = list(devices)
+    activities = [ProfilerActivity.CUDA]
+    if flushes:
+        activities.append(ProfilerActivity.CPU)
+    with profile(
+        activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)
+    ) as prof:
+        warm()
+        synchronize(devices)
+        prof.step()
+        run()
+        synchronize(devices)
+        prof.step()
+    return _kernel_profile(prof.events(), torch.autograd.DeviceType, flushes)
+
+
+def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfile:
+    annotations = {FLUSH_LABEL} | {
+        e.name
+        for e in events
+        if e.device_type == device_type.CPU and getattr(e, "is_user_annotation", False)
+    }
+    on_device = [
+        e
+        for e in events
+        if e.device_type == device_type.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in annotations
+    ]
+    totals: dict[str, list[float]] = {}
+    for e in on_device:
+        entry = totals.setdefault(e.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.end - e.time_range.start
+    removed = 0
+    if flushes:
+        ranges = [
+            (e.time_range.start, e.time_range.end)
+            for e in events
+            if e.name == FLUSH_LABEL and e.device_type == device_type.CPU
+        ]
+        for e in events:
+            if e.device_type != device_type.CPU or getattr(e, "is_user_annotation", False):
+                continue
+            if not any(lo <= e.time_range.start <= hi for lo, hi in ranges):
+                continue
+            for kernel in getattr(e, "kernels", ()):
+                found = totals.get(kernel.name)
+                if found is not None and found[0] > 0:
+                    found[0] -= 1
+                    found[1] -= kernel.duration
+                    removed += 1
+    kernels = tuple(
+        sorted(
+            ((name, int(c), float(us)) for name, (c, us) in totals.items() if c > 0),
+            key=lambda k: -k[2],
+        )
+    )
+    span = None
+    if on_device and not flushes:
+        span = max(e.time_range.end for e in on_device) - min(e.time_range.start for e in on_device)
+    return KernelProfile(
+        busy_us=sum(k[2] for k in kernels), span_us=span, kernels=kernels, flushes_removed=removed
+    )
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """One host synchronization caught by :func:`catch_syncs`."""
+
+    op: str
+    filename: str
+    lineno: int
+
+
+_SYNC_TEXT = "synchroniz"  # torch: "called a synchronizing CUDA operation"
+_DUNDER_OPS = {
+    "__bool__": "bool(tensor)",
+    "__int__": "int(tensor)",
+    "__float__": "float(tensor)",
+    "__index__": "using a tensor as an index",
+    "__format__": "formatting a tensor",
+    "__repr__": "printing a tensor",
+    "__str__": "printing a tensor",
+    "__array__": "tensor to numpy",
+    "__iter__": "iterating over a tensor",
+}
+
+
+def _op_name(func: Any) -> str:
+    name = str(getattr(func, "__name__", func))
+    if name in _DUNDER_OPS:
+        return _DUNDER_OPS[name]
+    qualname = str(getattr(func, "__qualname__", name))
+    if qualname.startswith(("TensorBase.", "Tensor.")):
+        return "Tensor." + name
+    module = str(getattr(func, "__module__", "") or "torch")
+    return f"{module}.{name}" if not qualname.startswith(module) else qualname
+
+
+@functools.cache
+def _sync_mode_class() -> type:
+    torch = torch_module()
+    library_dirs = tuple(
+        str(Path(m.__file__).parent) for m in (torch, sys.modules[__name__]) if m.__file__
+    )
+
+    base: Any = torch.overrides.TorchFunctionMode
+
+    class SyncSites(base):  # type: ignore[misc]
+        """Attributes each sync warning to the torch call that raised it and its caller."""
+
+        def __init__(self, caught: list[Any], code_files: frozenset[str]) -> None:
+            super().__init__()
+            self.caught = caught
+            self.code_files = code_files
+            self.events: list[SyncEvent] = []
+            self.seen: set[int] = set()
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            before = len(self.caught)
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                for w in self.caught[before:]:
+                    if _SYNC_TEXT in str(w.message) and id(w) not in self.seen:
+                        self.seen.add(id(w))
+                        filename, lineno = self._caller()
+                        self.events.append(SyncEvent(_op_name(func), filename, lineno))
+
+        def _caller(self) -> tuple[str, int]:
+            frame: Any = sys._getframe(2)
+            fallback: tuple[str, int] | None = None
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if name in self.code_files:
+                    return name, frame.f_lineno
+                if fallback is None and not name.startswith(library_dirs):
+                    fallback = (name, frame.f_lineno)
+                frame = frame.f_back
+            return fallback or ("<unknown>", 0)
+
+    return SyncSites
+
+
+def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> list[SyncEvent]:
+    """Run ``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` and return each host
+    synchronization it caused, named by op and source line. The previous mode is put back.
+    """
+    import warnings
+
+    torch = torch_module()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mode = _sync_mode_class()(caught, frozenset(code_files))
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with mode:
+                run()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    events: list[SyncEvent] = list(mode.events)
+    for w in caught:
+        if _SYNC_TEXT in str(w.message) and id(w) not in mode.seen:
+            events.append(SyncEvent("a torch internal call", w.filename, w.lineno))
+    return events
+
+
+def sync_debug_mode() -> int:
+    """torch's current sync debug mode (0 default, 1 warn, 2 error)."""
+    return int(torch_module().cuda.get_sync_debug_mode())
+
+
+_STICKY = (
+    "device-side assert",
+    "illegal memory access",
+    "misaligned address",
+    "unspecified launch failure",
+    "illegal instruction",
+    "an illegal",
+)
+
+
+def cuda_error_hint(exc: BaseException) -> str | None:
+    """What to do about a CUDA error raised by user code (``None`` if it is not one)."""
+    text = str(exc)
+    if "out of memory" in text and "CUDA" in text:
+        return (
+            "The body ran out of GPU memory: free tensors you no longer need (del them, "
+            "then torch.cuda.empty_cache()) or time a smaller problem."
+        )
+    if "CUDA error" not in text and "CUDA kernel errors" not in text:
+        return None
+    hint = (
+        "This CUDA error came from the timed body. Kernel errors surface at a later call, "
+        "so the line shown may not be the culprit: set CUDA_LAUNCH_BLOCKING=1 before CUDA "
+        "starts (restart the kernel) to see the launching line."
+    )
+    if any(s in text for s in _STICKY):
+        hint += (
+            " This kind of error is sticky: the CUDA context cannot be used any more in "
+            "this process; restart the kernel."
+        )
+    return hint

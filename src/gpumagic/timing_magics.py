@@ -1,0 +1,405 @@
+"""``%cudatime`` and ``%%cudatime``: the IPython glue around :mod:`gpumagic.timing`.
+
+Parses the options, compiles the body once through the shell's input transformers into
+a function (as ``%timeit`` builds its template), runs the setup once, calls the engine
+and displays the result.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+from IPython import display as _display
+from IPython.core import magic_arguments as _magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import (
+    Magics,
+    line_cell_magic,
+    magics_class,
+    needs_local_scope,
+    no_var_expand,
+    output_can_be_silenced,
+)
+
+from gpumagic.timing import (
+    TimingOptions,
+    check_device,
+    device_scope,
+    parse_amount,
+    settle,
+    time_cuda,
+)
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+    from types import CodeType, TracebackType
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumagic.timing import Body
+    from gpumagic.timing_result import CudaTimeResult
+
+__all__ = ["CudaTimeMagics", "register"]
+
+# The %timeit template: the loop runs inside the compiled function, not in the engine.
+_TEMPLATE = """\
+def __cudatime_body(_cudatime_it):
+    for _cudatime_i in _cudatime_it:
+        pass
+"""
+
+# IPython's helpers are untyped; these typed names keep mypy strict here.
+magic_arguments: Callable[[], Callable[[Callable[..., Any]], Callable[..., Any]]] = (
+    _magic_arguments.magic_arguments
+)
+argument: Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]] = (
+    _magic_arguments.argument
+)
+display: Callable[..., None] = _display.display
+
+
+@magics_class
+class CudaTimeMagics(Magics):
+    """Holds ``%cudatime``."""
+
+    @no_var_expand
+    @magic_arguments()
+    @argument(
+        "-n",
+        dest="loops",
+        type=int,
+        metavar="N",
+        help="loops per run (default: sized to the budget)",
+    )
+    @argument(
+        "-r",
+        dest="repeat",
+        type=int,
+        metavar="R",
+        help="runs (default: until the spread is below 1 %% of the "
+        "median, at least 7, or the budget is spent)",
+    )
+    @argument(
+        "-w",
+        dest="warmup",
+        type=int,
+        metavar="W",
+        help="warm-up calls (default: until two batches agree within 10 %%)",
+    )
+    @argument(
+        "--budget",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="time for warm-up and runs (default: 1)",
+    )
+    @argument(
+        "-p",
+        dest="precision",
+        type=int,
+        default=3,
+        metavar="P",
+        help="significant digits shown (default: 3)",
+    )
+    @argument("-q", dest="quiet", action="store_true", help="show nothing")
+    @argument("-o", dest="output", action="store_true", help="return the CudaTimeResult")
+    @argument(
+        "-v", dest="variable", metavar="VAR", help="store the CudaTimeResult in the variable VAR"
+    )
+    @argument(
+        "--cold",
+        action="store_true",
+        help="flush the L2 cache before each call (outside the timed "
+        "interval) and time single calls",
+    )
+    @argument(
+        "--graph",
+        action="store_true",
+        help="capture the body in a CUDA graph and time its replays "
+        "(launch overhead removed); falls back to eager with the reason",
+    )
+    @argument(
+        "--kernels",
+        action="store_true",
+        help="CUPTI kernel time (torch.profiler), the GPU's busy "
+        "fraction and a verdict: GPU-bound or launch/CPU-bound",
+    )
+    @argument(
+        "--validate",
+        action="store_true",
+        help="also measure with CUPTI and show events / CUPTI for the same loops",
+    )
+    @argument(
+        "--sync-check",
+        dest="sync_check",
+        action="store_true",
+        help="count hidden host syncs per loop and name their ops and "
+        "lines (torch.cuda.set_sync_debug_mode)",
+    )
+    @argument(
+        "--flops", metavar="N", help="FLOPs per loop, e.g. 2*4096**3: shows FLOP/s and %% of peak"
+    )
+    @argument(
+        "--bytes",
+        metavar="N",
+        help="bytes moved per loop, e.g. 512MiB: shows B/s and %% of the DRAM peak",
+    )
+    @argument(
+        "--device", metavar="DEVICE", help="device to time on: 0, cuda:1, or cpu for host timing"
+    )
+    @needs_local_scope
+    @line_cell_magic
+    @output_can_be_silenced
+    def cudatime(
+        self, line: str = "", cell: str | None = None, local_ns: dict[str, Any] | None = None
+    ) -> CudaTimeResult | None:
+        """Time CUDA work correctly: GPU time, host wall time and first call.
+
+        Usage, in line mode::
+
+          %cudatime [options] statement
+
+        or in cell mode, where the rest of the first line is setup code run once
+        (followed by a device synchronize; the names it defines stay in your
+        namespace) and the cell body is timed::
+
+          %%cudatime [options] [setup]
+          body...
+
+        The body is compiled once into a function and called in runs of N back-to-back
+        loops, each run bracketed by CUDA events and closed by a synchronize of every
+        device with a context (work on side streams counts). It warms up until steady,
+        reports the first call separately, and stops when the spread of the runs is
+        below 1 % of their median or the budget is spent. Ctrl-C returns what was
+        measured so far. Without a GPU it times on the host like %timeit and says so.
+        Names assigned in the body stay local to it, as with %timeit.
+
+        Examples::
+
+          %cudatime torch.mm(a, b)
+          %cudatime --kernels --flops 2*4096**3 torch.mm(a, b)
+          %%cudatime --sync-check x = torch.randn(1 << 20, device="cuda")
+          y = x * 2
+          total = y.sum().item()
+        """
+        args, rest = _parse(getattr(self.cudatime, "parser"), line)  # noqa: B009
+        options = _options(args)
+        if cell is None:
+            setup, body, offset = "", rest, 0
+            cached = f"%cudatime {line}"
+        else:
+            setup, body, offset = rest, cell, 1
+            cached = f"%%cudatime {line}\n{cell}"
+        if not body.strip():
+            where = "a statement after the options" if cell is None else "a cell body"
+            raise UsageError(f"%cudatime: nothing to time; give it {where}")
+        shell = self.shell
+        assert shell is not None
+        try:
+            check_device(options)
+        except ValueError as exc:
+            raise UsageError(f"%cudatime: {exc}") from None
+        filename = shell.compile.cache(cached, shell.execution_count)
+        t0 = time.perf_counter()
+        scope = local_ns if cell is None and local_ns is not shell.user_ns else None
+        run = self._compile(body, filename, offset, scope)
+        compile_time = time.perf_counter() - t0
+        try:
+            with device_scope(options):
+                if setup.strip():
+                    exec(self._code(setup, filename, 0), shell.user_ns)
+                settle()
+        except Exception as exc:
+            _show_from(exc, filename, shell)
+            raise
+        try:
+            result = time_cuda(
+                run,
+                options,
+                label=_label(body),
+                code_files=(filename,),
+                compile_time=compile_time,
+            )
+        except Exception as exc:
+            _show_from(exc, filename, shell)
+            raise
+        if not args.quiet:
+            display(result)
+        if args.variable:
+            shell.user_ns[args.variable] = result
+        return result if args.output else None
+
+    def _parse_source(self, source: str, filename: str, offset: int) -> ast.Module:
+        """``source`` through the shell's input and AST transformers, numbered as in the cell."""
+        shell: Any = self.shell
+        tree: ast.Module = shell.transform_ast(
+            shell.compile.ast_parse(shell.transform_cell(source), filename)
+        )
+        ast.increment_lineno(tree, offset)
+        return tree
+
+    def _code(self, source: str, filename: str, offset: int) -> CodeType:
+        shell: Any = self.shell
+        code: CodeType = shell.compile(
+            self._parse_source(source, filename, offset), filename, "exec"
+        )
+        return code
+
+    def _compile(
+        self, body: str, filename: str, offset: int, local_ns: dict[str, Any] | None
+    ) -> Body:
+        """The body as ``run(n)``: one function, its loop inside (as %timeit's template)."""
+        shell: Any = self.shell
+        tree = self._parse_source(body, filename, offset)
+        # Compile it alone first: code that is invalid at module level (`return`, `yield`)
+        # must not become valid inside the template function (ipython/ipython#10636).
+        shell.compile(tree, filename, "exec")
+        if not tree.body:
+            raise UsageError("%cudatime: the body has no statements to time")
+        template = ast.parse(_TEMPLATE)
+        function = template.body[0]
+        assert isinstance(function, ast.FunctionDef)
+        loop = function.body[0]
+        assert isinstance(loop, ast.For)
+        loop.body = tree.body
+        ast.fix_missing_locations(template)
+        namespace: dict[str, Any] = {}
+        scope = shell.user_ns if not local_ns else {**shell.user_ns, **local_ns}
+        exec(shell.compile(template, filename, "exec"), scope, namespace)
+        inner = namespace["__cudatime_body"]
+
+        def run(n: int) -> None:
+            inner(itertools.repeat(None, n))
+
+        return run
+
+
+def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespace, str]:
+    """Options up to the first token that is not one; the rest of the line verbatim."""
+    takes_value = {
+        option: action.nargs != 0 for action in parser._actions for option in action.option_strings
+    }
+    argv: list[str] = []
+    position = 0
+    expect_value = False
+    while True:
+        start = len(line) - len(line[position:].lstrip())
+        if start >= len(line):
+            position = len(line)
+            break
+        token, position = _token(line, start)
+        if expect_value:
+            argv.append(token)
+            expect_value = False
+            continue
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-" or token[1:2].isdigit():
+            position = start
+            break
+        name = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+        if name not in takes_value:
+            raise UsageError(
+                f"%cudatime: unknown option {token!r} (see %cudatime?); put -- before a "
+                "statement that starts with '-'"
+            )
+        argv.append(token)
+        expect_value = takes_value[name] and token == name
+    args = parser.parse_args(argv)  # MagicArgumentParser raises UsageError
+    return args, line[position:].strip()
+
+
+def _token(line: str, start: int) -> tuple[str, int]:
+    """One whitespace-separated token, quotes respected and stripped; and where it ends."""
+    out = []
+    quote = None
+    i = start
+    while i < len(line):
+        char = line[i]
+        if quote:
+            if char == quote:
+                quote = None
+            else:
+                out.append(char)
+        elif char in "'\"":
+            quote = char
+        elif char.isspace():
+            break
+        else:
+            out.append(char)
+        i += 1
+    return "".join(out), i
+
+
+def _options(args: argparse.Namespace) -> TimingOptions:
+    device, host_only = None, False
+    if args.device is not None:
+        text = args.device.strip().lower()
+        if text == "cpu":
+            host_only = True
+        else:
+            index = text.removeprefix("cuda:")
+            if not index.isdigit():
+                raise UsageError(
+                    f"%cudatime: --device {args.device!r}: use an index (0), cuda:N or cpu"
+                )
+            device = int(index)
+    if args.variable is not None and not args.variable.isidentifier():
+        raise UsageError(f"%cudatime: -v {args.variable!r} is not a variable name")
+    try:
+        return TimingOptions(
+            loops=args.loops,
+            repeat=args.repeat,
+            warmup=args.warmup,
+            budget=args.budget,
+            precision=args.precision,
+            cold=args.cold,
+            graph=args.graph,
+            kernels=args.kernels,
+            validate=args.validate,
+            sync_check=args.sync_check,
+            device=device,
+            host_only=host_only,
+            flops=None if args.flops is None else parse_amount(args.flops),
+            bytes=None if args.bytes is None else parse_amount(args.bytes, sizes=True),
+        )
+    except ValueError as exc:
+        raise UsageError(f"%cudatime: {exc}") from None
+
+
+def _label(body: str) -> str:
+    lines = [s.strip() for s in body.strip().splitlines() if s.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1:
+        text += " …"
+    return text if len(text) <= 70 else text[:69] + "…"
+
+
+def _show_from(exc: BaseException, filename: str, shell: InteractiveShell) -> None:
+    """Make IPython show ``exc``'s traceback from the user's code on, not through ours."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    if tb is None:
+        return
+    start = tb
+
+    def render() -> list[str]:
+        lines: list[str] = shell.InteractiveTB.structured_traceback(
+            type(exc), exc, start, tb_offset=0
+        )
+        return lines
+
+    # An exception type with __slots__ refuses the attribute: IPython then shows it all.
+    with contextlib.suppress(AttributeError):
+        exc._render_traceback_ = render  # type: ignore[attr-defined]
+
+
+def register(shell: InteractiveShell) -> None:
+    """Register ``%cudatime`` on ``shell``."""
+    shell.register_magics(CudaTimeMagics)

@@ -1,0 +1,473 @@
+"""The measurement engine through plain calls: on the host (this machine), and its GPU
+branches against a stand-in for the GPU seam whose "events" read the host clock.
+
+The stand-in only replaces ``gpumagic.timing.cuda`` (the one seam); the real GPU runs of
+the same branches are in ``test_timing_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gpumagic import cuda, timing
+from gpumagic.devices import CudaStatus, DeviceInfo
+from gpumagic.timing import TimingOptions, parse_amount, time_cuda
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+
+def sleeper(seconds: float) -> Callable[[], None]:
+    def body() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    return body
+
+
+# -- options and parsing ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"loops": 0}, "loops must be at least 1, got 0"),
+        ({"repeat": -1}, "repeat must be at least 1"),
+        ({"warmup": -2}, "warmup must be at least 0"),
+        ({"precision": 0}, "precision must be at least 1"),
+        ({"budget": 0.0}, "budget must be a positive number of seconds"),
+        ({"budget": float("inf")}, "budget must be a positive"),
+        ({"flops": -1.0}, "flops must be a positive number"),
+        ({"device": -1}, "device index must be 0 or more"),
+    ],
+)
+def test_options_refuse_bad_values(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TimingOptions(**kwargs)
+
+
+def test_cuda_only_options_are_named_as_typed() -> None:
+    options = TimingOptions(cold=True, sync_check=True, device=1)
+    assert options.cuda_only() == ["--cold", "--sync-check", "--device 1"]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1.2e12", 1.2e12), ("2*4096**3", 2 * 4096**3), ("(1+1)*3", 6), ("10/4", 2.5)],
+)
+def test_parse_amount(text: str, value: float) -> None:
+    assert parse_amount(text) == value
+
+
+def test_parse_amount_sizes_and_errors() -> None:
+    assert parse_amount("512MiB", sizes=True) == 512 * 2**20
+    assert parse_amount("4096", sizes=True) == 4096
+    for bad in ("abc", "__import__('os')", "2**1000", "0", "-5", "1/0", "512MiB"):
+        with pytest.raises(ValueError, match="not a"):
+            parse_amount(bad)
+
+
+# -- on the host (no GPU here, or --device cpu) -----------------------------------------
+def test_host_timing_reports_like_timeit() -> None:
+    result = time_cuda(sleeper(200e-6), TimingOptions(budget=0.3), takes_count=False, label="s")
+    assert result.clock == "host"
+    assert result.gpu_time is None
+    assert 150e-6 < result.median < 1e-3
+    assert result.loops >= 2
+    assert result.repeat >= 3
+    assert result.first_call is not None
+    assert result.label == "s"
+    assert result.all_runs == result.host_runs
+    assert any("Timed on the host like %timeit" in n for n in result.notes)
+
+
+def test_host_timing_with_fixed_loops_and_repeat() -> None:
+    calls = []
+    result = time_cuda(
+        lambda: calls.append(1), TimingOptions(loops=50, repeat=4, warmup=3), takes_count=False
+    )
+    assert (result.loops, result.repeat) == (50, 4)
+    # first call + 3 warm-up calls + 1 sizing call + 4 runs of 50
+    assert len(calls) == 1 + 3 + 1 + 4 * 50
+
+
+def test_cuda_options_say_they_need_cuda_on_the_host() -> None:
+    options = TimingOptions(host_only=True, graph=True, kernels=True, loops=10, repeat=3)
+    result = time_cuda(lambda: None, options, takes_count=False)
+    assert result.clock == "host"
+    assert any(w.startswith("--graph needs CUDA (--device cpu): not used") for w in result.warnings)
+    assert any(w.startswith("--kernels needs CUDA") for w in result.warnings)
+
+
+def test_body_errors_propagate_unchanged() -> None:
+    def body() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        time_cuda(body, takes_count=False)
+
+
+def test_ctrl_c_returns_the_runs_so_far() -> None:
+    state = {"calls": 0}
+
+    def body(n: int) -> None:
+        state["calls"] += 1
+        if state["calls"] > 8:
+            raise KeyboardInterrupt
+        time.sleep(1e-4 * n)
+
+    result = time_cuda(body, TimingOptions(loops=1, warmup=0))
+    assert result.interrupted
+    assert result.repeat >= 1
+    assert any("interrupted (Ctrl-C)" in w for w in result.warnings)
+
+
+def test_ctrl_c_before_anything_was_measured_propagates() -> None:
+    def body(n: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        time_cuda(body)
+
+
+# -- the GPU branches, against a stand-in seam -------------------------------------------
+@dataclass
+class FakeEvent:
+    t: float
+
+
+@dataclass
+class FakeBuffer:
+    def numel(self) -> int:
+        return 32 << 20
+
+    def element_size(self) -> int:
+        return 4
+
+
+@dataclass
+class FakeSeam:
+    """The functions of ``gpumagic.cuda`` the engine uses, with host-clock events."""
+
+    initialized: bool = True
+    side_delay: float = 0.0
+    pending: float = 0.0
+    capture_error: str | None = None
+    busy_us: float = 100.0
+    syncs_per_call: int = 0
+    code_files: tuple[str, ...] = ()
+    log: list[str] = field(default_factory=list)
+
+    GraphCaptureError = cuda.GraphCaptureError
+    cuda_error_hint = staticmethod(cuda.cuda_error_hint)
+
+    def status(self) -> CudaStatus:
+        device = DeviceInfo(0, "Fake GPU", 80 << 30, (9, 0))
+        return CudaStatus(True, "", devices=(device,), torch_version="2.x", cuda_version="13.0")
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def context_devices(self, also: int | None = None) -> list[int]:
+        return [0]
+
+    def current_device(self) -> int:
+        return 0
+
+    def use_device(self, index: int) -> contextlib.AbstractContextManager[None]:
+        self.log.append(f"device {index}")
+        return contextlib.nullcontext()
+
+    def synchronize(self, devices: Iterable[int] | None = None) -> None:
+        self.log.append("sync")
+
+    def spin(self, device: int, microseconds: float) -> None:
+        self.log.append("spin")
+
+    def side_work(self, seconds: float) -> None:
+        self.pending = seconds
+
+    def record_event(self, device: int) -> FakeEvent:
+        if self.fixed_span:  # a perfectly steady GPU: every interval is the same
+            self.ticks += self.fixed_span
+            return FakeEvent(self.ticks)
+        # Work left on another stream ends after the current stream's end event: the
+        # event recorded after the synchronize sees it.
+        t = time.perf_counter()
+        if self.log and self.log[-1] == "sync" and self.pending:
+            t += self.pending
+            self.pending = 0.0
+        self.log.append("record")
+        return FakeEvent(t)
+
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float:
+        return (end.t - start.t) * 1e3
+
+    def current_streams(self, devices: Iterable[int]) -> list[str]:
+        return ["stream"]
+
+    def restore_streams(self, streams: Iterable[Any]) -> None:
+        self.log.append("restore streams")
+
+    def device_peaks(self, device: int) -> cuda.DevicePeaks:
+        return cuda.DevicePeaks("Fake GPU", 50 << 20, 3.35e12, 989.4e12, "dense bf16")
+
+    def l2_flush_buffer(self, device: int) -> FakeBuffer:
+        return FakeBuffer()
+
+    def flush_l2(self, buffer: FakeBuffer) -> None:
+        self.log.append("flush")
+
+    def capture_graph(self, run: Callable[[int], object], unroll: int, device: int) -> Any:
+        if self.capture_error:
+            raise cuda.GraphCaptureError(self.capture_error)
+        run(unroll)
+        self.log.append(f"captured {unroll}")
+        return lambda: run(unroll)
+
+    def profile_kernels(
+        self, warm: Callable[[], object], run: Callable[[], object], devices: Any, flushes: int = 0
+    ) -> cuda.KernelProfile:
+        warm()
+        self.log.append("profile")
+        self.log_len_before = len(self.log)
+        run()
+        removed = flushes
+        return cuda.KernelProfile(self.busy_us, None, (("kernel", 1, self.busy_us),), removed)
+
+    def catch_syncs(self, run: Callable[[], object], code_files: Iterable[str]) -> list[Any]:
+        self.log.append("sync check")
+        calls_before = self.calls
+        run()
+        files = list(code_files) or ["<f>"]
+        n = (self.calls - calls_before) * self.syncs_per_call
+        return [cuda.SyncEvent("Tensor.item", files[0], 3)] * n
+
+    calls: int = 0
+    fixed_span: float = 0.0
+    ticks: float = 0.0
+
+
+@pytest.fixture
+def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
+    fake = FakeSeam()
+    monkeypatch.setattr(timing, "cuda", fake)
+    return fake
+
+
+def counting(seam: FakeSeam, seconds: float) -> Callable[[int], None]:
+    body = sleeper(seconds)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            seam.calls += 1
+            body()
+
+    return run
+
+
+def test_gpu_runs_use_events_spin_and_synchronize(seam: FakeSeam) -> None:
+    result = time_cuda(counting(seam, 300e-6), TimingOptions(budget=0.3), label="x")
+    assert result.clock == "gpu"
+    assert result.mode == "eager"
+    assert 250e-6 < result.median < 2e-3
+    assert result.device_name == "Fake GPU"
+    assert result.torch_version == "2.x"
+    assert result.devices == [0]
+    assert not result.side_streams
+    # Each run: sync, spin, start event ... end event, sync, the device-wide end event.
+    assert "sync spin record" in " ".join(seam.log)
+    assert seam.log[-2:] == ["sync", "restore streams"]
+    assert result.verdict == ""
+
+
+def test_work_left_on_other_streams_is_counted(seam: FakeSeam) -> None:
+    body = sleeper(1e-3)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            body()
+            seam.side_work(4e-3)  # finishes 4 ms after the current stream
+
+    result = time_cuda(run, TimingOptions(loops=1, repeat=5, warmup=0))
+    assert result.side_streams
+    assert 4.5e-3 < result.median < 9e-3
+    assert "other streams" in result.text()
+
+
+def test_a_body_without_cuda_work_is_timed_on_the_host(seam: FakeSeam) -> None:
+    seam.initialized = False
+    result = time_cuda(counting(seam, 1e-4), TimingOptions(budget=0.2, graph=True))
+    assert result.clock == "host"
+    assert result.verdict == "no GPU work was launched"
+    assert any("never initialised CUDA" in n for n in result.notes)
+    assert any(
+        w.startswith("--graph needs CUDA (the body launched no GPU work)") for w in result.warnings
+    )
+
+
+def test_graph_mode_replays_an_unrolled_capture(seam: FakeSeam) -> None:
+    result = time_cuda(counting(seam, 50e-6), TimingOptions(budget=0.3, graph=True))
+    assert result.mode == "graph"
+    captured = [line for line in seam.log if line.startswith("captured")]
+    unroll = int(captured[0].split()[1])
+    assert 1 < unroll <= timing.GRAPH_MAX_UNROLL
+    assert result.loops % unroll == 0
+    assert any(n.startswith(f"--graph: {unroll} loops captured") for n in result.notes)
+
+
+def test_graph_capture_failure_falls_back_and_says_why(seam: FakeSeam) -> None:
+    seam.capture_error = "the body synchronizes with the host"
+    result = time_cuda(counting(seam, 50e-6), TimingOptions(budget=0.2, graph=True))
+    assert result.mode == "eager"
+    assert result.clock == "gpu"
+    assert any(
+        w == "--graph: capture failed, timed eagerly instead: the body synchronizes with the host"
+        for w in result.warnings
+    )
+
+
+def test_graph_rounds_fixed_loops_to_the_unroll(seam: FakeSeam) -> None:
+    result = time_cuda(counting(seam, 20e-6), TimingOptions(loops=7, repeat=3, graph=True))
+    unroll = int(next(x for x in seam.log if x.startswith("captured")).split()[1])
+    assert result.loops % unroll == 0
+    assert result.loops >= 7
+    assert any(n.startswith("-n rounded up") for n in result.notes)
+
+
+def test_cold_mode_flushes_before_each_single_call(seam: FakeSeam) -> None:
+    result = time_cuda(counting(seam, 200e-6), TimingOptions(budget=0.2, cold=True, kernels=True))
+    assert result.mode == "cold"
+    assert result.loops == 1
+    assert 150e-6 < result.median < 2e-3
+    # GPU sample: flush then the start event; host sample: flush, sync, then the call.
+    text = " ".join(seam.log)
+    assert "flush record" in text
+    assert "flush sync" in text
+    assert result.kernel_time is not None
+    assert any(n.startswith("--cold: 128 MiB overwritten") for n in result.notes)
+
+
+def test_kernels_pass_gives_busy_fraction_and_verdict(seam: FakeSeam) -> None:
+    seam.busy_us = 10.0  # 10 µs of kernels in a 200 µs loop: launch-bound
+    result = time_cuda(counting(seam, 200e-6), TimingOptions(budget=0.2, kernels=True))
+    assert result.kernel_time is not None
+    assert result.kernel_loops >= 1
+    assert result.kernel_time == pytest.approx(10e-6 / result.kernel_loops)
+    assert result.busy_fraction is not None
+    assert result.busy_fraction < 0.5
+    assert result.verdict.startswith("launch/CPU-bound: GPU busy")
+    assert result.cupti_ratio is None
+
+
+def test_validate_reports_events_over_cupti(seam: FakeSeam) -> None:
+    def profile(warm: Any, run: Any, devices: Any, flushes: int = 0) -> cuda.KernelProfile:
+        warm()
+        calls = seam.calls
+        run()
+        busy = (seam.calls - calls) * 500.0  # CUPTI agrees with the 500 µs body
+        return cuda.KernelProfile(busy, busy, (("k", seam.calls - calls, busy),), 0)
+
+    seam.profile_kernels = profile  # type: ignore[method-assign]
+    result = time_cuda(counting(seam, 500e-6), TimingOptions(budget=0.2, validate=True))
+    assert result.cupti_ratio == pytest.approx(1.0, rel=0.2)
+    assert result.verdict.startswith("GPU-bound")
+    assert "CUPTI check" in result.text()
+
+
+def test_no_kernels_means_no_gpu_work(seam: FakeSeam) -> None:
+    seam.busy_us = 0.0
+    result = time_cuda(counting(seam, 50e-6), TimingOptions(budget=0.1, kernels=True))
+    assert result.verdict == "no GPU work was launched (CPU tensors?)"
+
+
+def test_sync_check_counts_per_loop_and_names_the_line(seam: FakeSeam) -> None:
+    seam.syncs_per_call = 2
+    result = time_cuda(
+        counting(seam, 50e-6),
+        TimingOptions(budget=0.1, sync_check=True),
+        code_files=("<cell>",),
+    )
+    assert result.syncs_per_loop == 2
+    assert result.sync_sites[0].op == "Tensor.item"
+    assert result.sync_sites[0].where == "line 3"
+    assert result.sync_sites[0].per_loop == 2
+
+
+def test_device_option_makes_the_device_current(seam: FakeSeam) -> None:
+    time_cuda(counting(seam, 10e-6), TimingOptions(budget=0.05, device=0))
+    assert "device 0" in seam.log
+    with pytest.raises(ValueError, match="sees 1 GPU"):
+        timing.check_device(TimingOptions(device=3))
+
+
+def test_body_errors_keep_their_type_and_restore_streams(seam: FakeSeam) -> None:
+    state = {"n": 0}
+
+    def run(n: int) -> None:
+        state["n"] += 1
+        if state["n"] == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access") as info:
+        time_cuda(run, TimingOptions(budget=0.1))
+    notes = "".join(getattr(info.value, "__notes__", []))
+    assert "CUDA_LAUNCH_BLOCKING=1" in notes
+    assert "sticky" in notes
+    assert seam.log[-1] == "restore streams"
+
+
+def test_launch_bound_hint_without_kernels(seam: FakeSeam) -> None:
+    # The stand-in's GPU never runs ahead of the host: the host launches all the time.
+    result = time_cuda(counting(seam, 100e-6), TimingOptions(budget=0.2))
+    assert any("likely launch/CPU-bound" in n for n in result.notes)
+
+
+def test_noise_stop_ends_a_steady_measurement_early(seam: FakeSeam) -> None:
+    seam.fixed_span = 1e-3
+    started = time.perf_counter()
+    result = time_cuda(counting(seam, 100e-6), TimingOptions(budget=30.0))
+    assert result.repeat == timing.MIN_RUNS
+    assert result.iqr == 0
+    assert time.perf_counter() - started < 10
+
+
+def test_floor_warning_for_a_tiny_body(seam: FakeSeam) -> None:
+    result = time_cuda(lambda n: None, TimingOptions(loops=1, repeat=5, warmup=0))
+    assert any("timing floor" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ("CUDA error: device-side assert triggered", "sticky"),
+        ("CUDA error: invalid argument", "CUDA_LAUNCH_BLOCKING"),
+        ("CUDA out of memory. Tried to allocate 2 GiB", "ran out of GPU memory"),
+        ("shapes cannot be multiplied", None),
+    ],
+)
+def test_cuda_error_hints(text: str, hint: str | None) -> None:
+    found = cuda.cuda_error_hint(RuntimeError(text))
+    if hint is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert hint in found
+
+
+def test_capture_reason_explains_host_syncs() -> None:
+    first = RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    try:
+        try:
+            raise first
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
+    except RuntimeError as exc:
+        reason = cuda._capture_reason(exc)
+    assert "synchronizes with the host" in reason
+    assert ".item()" in reason
+    assert "not permitted when stream is capturing" in reason

@@ -1,0 +1,243 @@
+"""``%cudatime`` / ``%%cudatime`` through a real ``InteractiveShell`` and ``run_cell``.
+
+These run on any machine: without a GPU the magic times on the host and says so (the
+GPU behaviour is in ``test_timing_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import pytest
+from IPython.core.error import UsageError
+
+from gpumagic import cuda
+from gpumagic.timing_result import CudaTimeResult
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+
+FAST = "--budget 0.05"
+NO_GPU = not cuda.status().available
+
+
+def run(shell: InteractiveShell, cell: str) -> ExecutionResult:
+    return shell.run_cell(cell, store_history=True)
+
+
+def usage_error(shell: InteractiveShell, cell: str) -> str:
+    result = run(shell, cell)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    return str(result.error_in_exec)
+
+
+def test_line_magic_returns_and_shows_a_result(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, f"r = %cudatime -o {FAST} sum(range(100))")
+    assert result.success
+    r = shell.user_ns["r"]
+    assert isinstance(r, CudaTimeResult)
+    assert r.label == "sum(range(100))"
+    assert r.median > 0
+    out = capsys.readouterr().out
+    assert out.startswith("%cudatime  sum(range(100))")
+    assert "per loop" in out
+
+
+@pytest.mark.skipif(not NO_GPU, reason="the message for machines without a GPU")
+def test_without_gpu_it_times_on_the_host_and_says_so(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(shell, f"%cudatime {FAST} --graph --sync-check x = 1").success
+    out = capsys.readouterr().out
+    assert "host time" in out
+    assert "Timed on the host like %timeit (no GPU here:" in out
+    assert "--graph needs CUDA (no GPU here:" in out
+    assert "--sync-check needs CUDA" in out
+
+
+def test_device_cpu_times_on_the_host(shell: InteractiveShell) -> None:
+    assert run(shell, f"%cudatime -v r -q {FAST} --device cpu x = 1").success
+    r = shell.user_ns["r"]
+    assert r.clock == "host"
+    assert any("--device cpu" in note for note in r.notes)
+
+
+def test_cell_magic_runs_setup_once_and_keeps_its_names(shell: InteractiveShell) -> None:
+    run(shell, "calls = []")
+    setup = "calls.append('setup'); data = list(range(10))"
+    cell = f"%%cudatime -q -v r {FAST} {setup}\ncalls.append(sum(data))"
+    assert run(shell, cell).success
+    calls = shell.user_ns["calls"]
+    assert calls.count("setup") == 1
+    assert calls[0] == "setup"
+    assert calls.count(45) > 10  # the body ran many times
+    assert shell.user_ns["data"] == list(range(10))
+
+
+def test_body_names_stay_local_like_timeit(shell: InteractiveShell) -> None:
+    assert run(shell, f"%%cudatime -q {FAST}\nbody_only = 1").success
+    assert "body_only" not in shell.user_ns
+
+
+def test_body_sees_user_variables_and_is_compiled_once(shell: InteractiveShell) -> None:
+    run(shell, "import itertools\ncounter = itertools.count()")
+    assert run(shell, "%cudatime -q -v r -n 100 -r 3 -w 0 next(counter)").success
+    r = shell.user_ns["r"]
+    assert (r.loops, r.repeat) == (100, 3)
+    # first call + 1 sizing call + 3 runs of 100: nothing executed per iteration but the body
+    assert next(shell.user_ns["counter"]) == 1 + 1 + 300
+
+
+def test_input_transformers_apply_to_the_body(shell: InteractiveShell) -> None:
+    """IPython syntax (here a line magic) works in the body, as with %%timeit."""
+    assert run(shell, f"%%cudatime -q -v r {FAST}\n%pwd").success
+    assert shell.user_ns["r"].repeat >= 1
+
+
+def test_options_are_parsed_like_timeit(shell: InteractiveShell) -> None:
+    assert run(shell, "%cudatime -qo -n10 -r 2 -p 5 --budget=0.1 -v r x = 'a  b'").success
+    r = shell.user_ns["r"]
+    assert (r.loops, r.repeat, r.precision) == (10, 2, 5)
+    assert r.label == "x = 'a  b'"  # the statement is kept verbatim
+
+
+def test_double_dash_ends_the_options(shell: InteractiveShell) -> None:
+    run(shell, "n = 3")
+    assert run(shell, "%cudatime -q -v r -n 5 -r 2 -- -n").success
+    assert shell.user_ns["r"].label == "-n"
+
+
+def test_flops_and_bytes_are_parsed(shell: InteractiveShell) -> None:
+    assert run(shell, f"%cudatime -q -v r {FAST} --flops 2*64**3 --bytes 1MiB x = 1").success
+    r = shell.user_ns["r"]
+    assert r.flops == 2 * 64**3
+    assert r.bytes == 2**20
+    assert r.tflops is not None
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("%cudatime --bogus x", "unknown option '--bogus'"),
+        ("%cudatime -x", "unknown option '-x'"),
+        ("%cudatime -n 0 x", "loops must be at least 1, got 0"),
+        ("%cudatime -n ten x", "invalid int value: 'ten'"),
+        ("%cudatime -r -1 x", "repeat must be at least 1, got -1"),
+        ("%cudatime --budget 0 x", "budget must be a positive number of seconds"),
+        ("%cudatime --budget nan x", "budget must be a positive number"),
+        ("%cudatime -p 0 x", "precision must be at least 1"),
+        ("%cudatime --flops lots x", "'lots' is not a count"),
+        ("%cudatime --bytes -3 x", "'-3' is not a positive count"),
+        ("%cudatime --device gpu0 x", "--device 'gpu0': use an index (0), cuda:N or cpu"),
+        ("%cudatime -v 1abc x", "-v '1abc' is not a variable name"),
+        ("%cudatime", "nothing to time; give it a statement after the options"),
+        ("%cudatime -n 5   ", "nothing to time"),
+        ("%%cudatime -n 5\n\n   \n", "nothing to time; give it a cell body"),
+        ("%%cudatime\n# only a comment\n", "the body has no statements to time"),
+    ],
+)
+def test_bad_input_is_a_usage_error(shell: InteractiveShell, cell: str, message: str) -> None:
+    assert message in usage_error(shell, cell)
+
+
+def test_unknown_device_index_is_a_usage_error(shell: InteractiveShell) -> None:
+    if NO_GPU:
+        # Without CUDA, --device N says it needs CUDA and times on the host.
+        assert run(shell, f"%cudatime -q -v r {FAST} --device 7 x = 1").success
+        assert any("--device 7 needs CUDA" in w for w in shell.user_ns["r"].warnings)
+    else:
+        count = len(cuda.status().devices)
+        assert f"sees {count} GPU(s)" in usage_error(shell, f"%cudatime --device {count + 7} x=1")
+
+
+def test_a_raising_body_shows_the_users_traceback_once(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, "%%cudatime\nx = 1\ny = x / 0")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    out = capsys.readouterr()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.out + out.err)
+    assert text.count("ZeroDivisionError") == 2  # the header and the last line, once
+    assert re.search(r"----> 3 y = x / 0", text)
+    assert "timing.py" not in text  # our frames are not shown
+    assert "run_cell_magic" not in text
+
+
+def test_a_raising_setup_points_at_the_setup(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, "%%cudatime missing_name + 1\nx = 1")
+    assert isinstance(result.error_in_exec, NameError)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+    assert "----> 1 %%cudatime missing_name + 1" in text
+
+
+def test_syntax_error_in_the_body(shell: InteractiveShell) -> None:
+    result = run(shell, "%%cudatime\nx = = 1")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    result = run(shell, "%cudatime return 5")  # not valid outside the template function
+    assert isinstance(result.error_in_exec, SyntaxError)
+
+
+def test_line_magic_in_a_function_sees_its_locals(shell: InteractiveShell) -> None:
+    cell = (
+        "def f():\n"
+        "    local_value = 41\n"
+        "    return get_ipython().run_line_magic('cudatime', '-q -o -n 3 -r 2 local_value + 1')\n"
+        "r = f()"
+    )
+    assert run(shell, cell).success
+    assert shell.user_ns["r"].loops == 3
+    assert "local_value" not in shell.user_ns
+
+
+def test_help_names_every_option(shell: InteractiveShell) -> None:
+    doc = shell.find_line_magic("cudatime").__doc__
+    assert doc is not None
+    for option in (
+        "-n N",
+        "-r R",
+        "-w W",
+        "--budget SECONDS",
+        "-p P",
+        "-q",
+        "-o",
+        "-v VAR",
+        "--cold",
+        "--graph",
+        "--kernels",
+        "--validate",
+        "--sync-check",
+        "--flops N",
+        "--bytes N",
+        "--device DEVICE",
+    ):
+        assert option in doc, option
+    assert "setup" in doc
+
+
+def test_html_output_in_a_notebook_frontend(shell: InteractiveShell) -> None:
+    """What Jupyter receives: a text/plain and a self-contained text/html rendering."""
+    run(shell, f"r = %cudatime -q -o {FAST} x = 1")
+    data, _ = shell.display_formatter.format(shell.user_ns["r"])
+    assert data["text/plain"].startswith("%cudatime  x = 1")
+    assert "<table" in data["text/html"]
+    assert "<table" not in data["text/plain"]
+
+
+def test_compare_from_the_package(shell: InteractiveShell) -> None:
+    run(shell, f"a = %cudatime -q -o {FAST} sum(range(10))")
+    run(shell, f"b = %cudatime -q -o {FAST} sum(range(1000))")
+    assert run(shell, "import gpumagic\ntable = gpumagic.compare(a, b)").success
+    table = shell.user_ns["table"]
+    assert table.rows[0].status == "baseline"
+    assert table.rows[1].status == "SLOWER"
+    assert table.rows[1].speedup < 1
+
+
+def test_no_cuda_context_for_host_only_work(shell: InteractiveShell) -> None:
+    assert run(shell, f"%cudatime -q {FAST} x = [i for i in range(10)]").success
+    assert not cuda.is_initialized()
