@@ -20,6 +20,7 @@ __all__ = ["__version__", "compare", "load_ipython_extension", "unload_ipython_e
 _MAGIC_MODULES: tuple[str, ...] = (
     "gpumagic.memory_magics",
     "gpumagic.timing_magics",
+    "gpumagic.lprun_magics",
 )
 
 

@@ -620,6 +620,90 @@ def memory_snapshot_segments() -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------
+# %lprun (issue 7): what the line profiler calls at every line boundary. These run
+# thousands of times per profile, so they call torch's C functions directly, and none
+# of them creates a CUDA context.
+
+#: The text torch warns with, in ``set_sync_debug_mode("warn")``, when an operation
+#: makes the host wait for the GPU (``.item()``, ``.cpu()``, ``nonzero()``...).
+SYNC_WARNING_MESSAGE = "called a synchronizing CUDA operation"
+
+
+def devices_with_context() -> tuple[int, ...]:
+    """Indices of the devices on which this process has a CUDA context; ``()`` before
+    torch has initialised CUDA. Never creates a context."""
+    if not is_initialized():
+        return ()
+    torch = torch_module()
+    has_context = torch._C._cuda_hasPrimaryContext
+    return tuple(i for i in range(torch.cuda.device_count()) if has_context(i))
+
+
+def visible_device_total() -> int:
+    """How many devices torch sees (``0`` before torch has initialised CUDA)."""
+    if not is_initialized():
+        return 0
+    return int(torch_module().cuda.device_count())
+
+
+def synchronize_each(devices: tuple[int, ...]) -> None:
+    """Wait for all streams of each device in ``devices`` (a device sync per device:
+    ``torch.cuda.synchronize()`` covers the current device only)."""
+    torch = torch_module()
+    native = torch._C
+    if len(devices) == 1 and devices[0] == native._cuda_getDevice():
+        native._cuda_synchronize()
+        return
+    for index in devices:
+        with torch.cuda.device(index):
+            native._cuda_synchronize()
+
+
+def stream_is_capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (a synchronize would break
+    the capture). ``False`` without a context."""
+    if not is_initialized():
+        return False
+    return bool(torch_module()._C._cuda_isCurrentStreamCapturing())
+
+
+def record_timing_event() -> Any:
+    """A new timing event, recorded on the current stream of the current device."""
+    event = torch_module().cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def event_completed(event: Any) -> bool:
+    """Whether the GPU has passed ``event`` (never blocks)."""
+    return bool(event.query())
+
+
+def event_span_ms(start: Any, end: Any) -> float:
+    """Milliseconds between two completed events of one device."""
+    return float(start.elapsed_time(end))
+
+
+def allocation_marks(device: int) -> tuple[int, int, int, int]:
+    """``(allocated, peak allocated, bytes allocated ever, bytes freed ever)`` of the
+    caching allocator on ``device``: one nested C call, no dict flattening."""
+    stat = torch_module()._C._cuda_memoryStats(device)["allocated_bytes"]["all"]
+    return int(stat["current"]), int(stat["peak"]), int(stat["allocated"]), int(stat["freed"])
+
+
+def get_sync_debug_mode() -> int:
+    """torch's sync debug mode (0 off, 1 warn, 2 error); 0 before CUDA is initialised."""
+    if not is_initialized():
+        return 0
+    return int(torch_module()._C._cuda_get_sync_debug_mode())
+
+
+def set_sync_debug_mode(mode: int) -> None:
+    """Set torch's sync debug mode; only call it once CUDA is initialised."""
+    torch_module()._C._cuda_set_sync_debug_mode(mode)
+
+
+# ---------------------------------------------------------------------------
 # %cudatime (gpumagic.timing): events on each device's current stream, the spin kernel
 # that keeps launch latency out of the events, the L2 flush, CUDA graph capture, CUPTI
 # kernel time through torch.profiler, and hidden-sync detection.

@@ -1,0 +1,397 @@
+"""``%lprun`` tables: line_profiler's text layout (plus GPU and memory columns when
+asked for), a self-contained HTML table with time bars, and the notes under them.
+
+Without ``--gpu``/``--memory`` columns the text table *is* line_profiler's: it is
+printed by ``LineStats.print``. With them, the same layout is rebuilt here (same
+column widths, number formats and source lookup) with the extra columns inserted
+before "Line Contents".
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import linecache
+import os
+from typing import TYPE_CHECKING
+
+from line_profiler.line_profiler import get_code_block, get_column_widths, is_generated_code
+from line_profiler.toml_config import ConfigSource
+
+from gpumagic.devices import format_bytes
+
+if TYPE_CHECKING:
+    from gpumagic.lineprof import Label, LineExtras, LineProfileResult
+
+__all__ = ["format_seconds", "notes", "render_html", "render_text"]
+
+_SYNC_TITLE = (
+    "the host waited for the GPU here: a synchronizing CUDA call "
+    "(.item(), .cpu(), printing a tensor, nonzero(), ...)"
+)
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.0215`` → ``"21.5 ms"``: three significant digits, s/ms/µs/ns."""
+    magnitude = abs(seconds)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if magnitude >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _signed_bytes(n: int) -> str:
+    return "0 B" if n == 0 else ("+" if n > 0 else "") + format_bytes(n)
+
+
+def _peak_text(extras: LineExtras) -> str:
+    if extras.mem_hits == 0:
+        return ""
+    return ("≤" if extras.mem_peak_bound else "") + format_bytes(extras.mem_peak)
+
+
+def _aggregated_statements(result: LineProfileResult) -> bool:
+    """Whether a row of the table stands for a statement over several lines."""
+    for label, rows in result.stats.timings.items():
+        mapping = result.statements.get(label, {})
+        firsts = {first for line, first in mapping.items() if line != first}
+        if any(line in firsts for line, _, _ in rows):
+            return True
+    return False
+
+
+def notes(result: LineProfileResult) -> list[str]:
+    """What the reader needs to know about how the numbers were taken."""
+    found: list[str] = []
+    if result.cuda_used:
+        devices = ", ".join(f"cuda:{d}" for d in result.devices) or "the GPU"
+        if result.sync:
+            found.append(
+                f"Synchronized {devices} at every profiled line boundary ({result.syncs} "
+                f"times; an idle synchronize, {result.sync_floor_ns / 1e3:.1f} µs, is not "
+                "billed): each line's time includes the GPU work it launched."
+            )
+        else:
+            found.append(
+                "--no-sync: host times only; GPU work is billed to the line that waits for it."
+            )
+        found.append(f"Wall time of the profiled statement: {format_seconds(result.wall_s)}.")
+    elif result.gpu or result.memory:
+        found.append("The statement used no CUDA: there are no GPU or memory columns.")
+    if result.gpu_columns:
+        found.append(
+            "GPU Time: time on the GPU between CUDA events recorded on the current stream "
+            "at each line boundary (it includes idle gaps while the host is the "
+            "bottleneck). Syncs: synchronizing CUDA calls made on the line (torch's sync "
+            "debug mode): there the host waited for the GPU."
+        )
+    if result.memory_columns:
+        found.append(
+            "Mem Δ: change of allocated CUDA memory over the line's hits. Peak: the most "
+            "memory allocated above the line's start while it ran (≤: an upper bound; "
+            "torch's peak counters are left alone)."
+        )
+    if result.capture_skips:
+        found.append(
+            f"{result.capture_skips} line boundaries fell inside CUDA graph capture: "
+            "not synchronized or timed there."
+        )
+    if result.gpu_columns and result.gpu_unmeasured:
+        found.append(
+            f"{result.gpu_unmeasured} line hits have no GPU time (CUDA graph capture, "
+            "events on two devices, or CUDA started within the line)."
+        )
+    if result.failure:
+        found.append(f"gpumagic stopped its CUDA work after an error: {result.failure}")
+    if _aggregated_statements(result):
+        found.append("A statement written over several lines is counted once, on its first line.")
+    found.extend(result.notes)
+    return found
+
+
+def render_text(
+    result: LineProfileResult, output_unit: float | None = None, stripzeros: bool = False
+) -> str:
+    """The text table (line_profiler's layout) followed by the notes."""
+    stream = io.StringIO()
+    if result.gpu_columns or result.memory_columns:
+        _show_text(result, stream, output_unit, stripzeros)
+    else:
+        result.stats.print(stream, output_unit=output_unit, stripzeros=stripzeros)
+    text = stream.getvalue().rstrip()
+    lines = notes(result)
+    if lines:
+        text += "\n\n" + "\n".join(f"* {line}" for line in lines)
+    return text
+
+
+# -- text, line_profiler's layout with extra columns ---------------------------------
+
+
+def _show_text(
+    result: LineProfileResult,
+    stream: io.StringIO,
+    output_unit: float | None,
+    stripzeros: bool,
+) -> None:
+    unit = result.stats.unit
+    stream.write("Timer unit: %g s\n\n" % (output_unit if output_unit is not None else unit))
+    config = ConfigSource.from_config(None).path
+    for label, timings in result.stats.timings.items():
+        _show_func(
+            result,
+            label=label,
+            timings=timings,
+            output_unit=output_unit,
+            stream=stream,
+            stripzeros=stripzeros,
+            config=config,
+        )
+
+
+def _source_lines(filename: str, start: int, linenos: list[int], stream: io.StringIO) -> list[str]:
+    if os.path.exists(filename) or is_generated_code(filename):
+        if os.path.exists(filename):
+            linecache.clearcache()
+        return list(get_code_block(filename, start))
+    stream.write("\n")
+    stream.write(f"Could not find file {filename}\n")
+    stream.write("Are you sure you are running this program from the same directory\n")
+    stream.write("that you ran the profiler from?\n")
+    stream.write("Continuing without the function's contents.\n")
+    count = 1 if not linenos else max(linenos) - min(*linenos, start) + 1
+    return [""] * count
+
+
+def _fit(value: float, width: int) -> str:
+    text = f"{value:5.1f}"
+    return text if len(text) <= width else f"{value:5.3g}"
+
+
+def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
+    result: LineProfileResult,
+    *,
+    label: Label,
+    timings: list[tuple[int, int, int]],
+    output_unit: float | None,
+    stream: io.StringIO,
+    stripzeros: bool,
+    config: object,
+) -> None:
+    filename, start, name = label
+    unit = result.stats.unit
+    extras = result.extras.get(label, {})
+    total_hits = sum(t[1] for t in timings)
+    total_time = sum(t[2] for t in timings)
+    if stripzeros and total_hits == 0:
+        return
+    scalar = unit / (output_unit if output_unit is not None else unit)
+    seconds_scalar = 1.0 / (output_unit if output_unit is not None else unit)
+    gpu = result.gpu_columns
+    memory = result.memory_columns
+    total_gpu_ms = sum(e.gpu_ms for e in extras.values())
+
+    stream.write("Total time: %g s\n" % (total_time * unit))
+    if gpu:
+        stream.write("Total GPU time: %g s\n" % (total_gpu_ms * 1e-3))
+    if os.path.exists(filename) or is_generated_code(filename):
+        stream.write(f"File: {filename}\n")
+        stream.write(f"Function: {name} at line {start}\n")
+    sublines = _source_lines(filename, start, [t[0] for t in timings], stream)
+
+    configured = get_column_widths(config)
+    widths: dict[str, int] = {
+        col: max(width, configured.get(col, width)) for col, width in get_column_widths().items()
+    }
+    widths.update({"gpu": widths["time"], "gpupct": widths["percent"], "syncs": 6})
+    widths.update({"mem": 10, "peak": 10})
+
+    display: dict[int, tuple[str, ...]] = {}
+    for lineno, nhits, duration in timings:
+        percent = "" if total_time == 0 else f"{100 * duration / total_time:5.1f}"
+        cells = [
+            str(nhits) if len(str(nhits)) <= widths["hits"] else f"{nhits:g}",
+            _fit(duration * scalar, widths["time"]),
+            _fit(float(duration) * scalar / nhits, widths["perhit"]) if nhits else "",
+            percent,
+        ]
+        extra = extras.get(lineno)
+        if gpu:
+            if extra is not None and extra.gpu_spans:
+                cells.append(_fit(extra.gpu_ms * 1e-3 * seconds_scalar, widths["gpu"]))
+                share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
+                cells.append(f"{share:5.1f}")
+            else:
+                cells += ["", ""]
+            cells.append(str(extra.syncs) if extra is not None and extra.syncs else "")
+        if memory:
+            if extra is not None and extra.mem_hits:
+                cells += [_signed_bytes(extra.mem_delta), _peak_text(extra)]
+            else:
+                cells += ["", ""]
+        display[lineno] = tuple(cells)
+
+    order = ["line", "hits", "time", "perhit", "percent"]
+    header = ["Line #", "Hits", "Time", "Per Hit", "% Time"]
+    if gpu:
+        order += ["gpu", "gpupct", "syncs"]
+        header += ["GPU Time", "% GPU", "Syncs"]
+    if memory:
+        order += ["mem", "peak"]
+        header += ["Mem Δ", "Peak"]
+    for index, column in enumerate(order[1:]):
+        longest = max((len(cells[index]) for cells in display.values()), default=0)
+        widths[column] = max(widths[column], longest)
+
+    template = " ".join("%" + str(widths[k]) + "s" for k in order) + "  %-s"
+    header_line = template % (*header, "Line Contents")
+    stream.write("\n")
+    stream.write(header_line)
+    stream.write("\n")
+    stream.write("=" * len(header_line))
+    stream.write("\n")
+    empty = ("",) * (len(order) - 1)
+    cells_of: tuple[str, ...]
+    for lineno, line in zip(range(start, start + len(sublines)), sublines, strict=False):
+        cells_of = display.get(lineno, empty)
+        stream.write(template % (lineno, *cells_of, line.rstrip("\n").rstrip("\r")))
+        stream.write("\n")
+    stream.write("\n")
+
+
+# -- HTML -------------------------------------------------------------------------------
+
+_STYLE = """
+.gm-lprun{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
+.gm-lprun table{border-collapse:collapse;margin:4px 0 12px 0}
+.gm-lprun th{text-align:right;padding:2px 8px;border-bottom:1px solid #999;white-space:nowrap}
+.gm-lprun th.src{text-align:left}
+.gm-lprun td{text-align:right;padding:1px 8px;white-space:nowrap}
+.gm-lprun td.src{text-align:left;white-space:pre}
+.gm-lprun tr.sync td{background:#fff3cd}
+.gm-lprun .head{margin:8px 0 2px 0}
+.gm-lprun .warn{color:#b35900;font-weight:bold}
+.gm-lprun ul{margin:4px 0;padding-left:18px}
+"""
+
+
+def _bar(share: float, colour: str) -> str:
+    share = max(0.0, min(100.0, share))
+    return (
+        f' style="background:linear-gradient(90deg,{colour} {share:.1f}%,transparent {share:.1f}%)"'
+    )
+
+
+def render_html(
+    result: LineProfileResult, output_unit: float | None = None, stripzeros: bool = False
+) -> str:
+    """A self-contained HTML table per function, with bars for % Time and % GPU."""
+    del output_unit  # HTML shows times in s/ms/µs, whatever the text unit is
+    unit = result.stats.unit
+    gpu = result.gpu_columns
+    memory = result.memory_columns
+    out = [f'<div class="gm-lprun"><style>{_STYLE}</style>']
+    for label, timings in result.stats.timings.items():
+        total_hits = sum(t[1] for t in timings)
+        if stripzeros and total_hits == 0:
+            continue
+        filename, start, name = label
+        extras = result.extras.get(label, {})
+        total = sum(t[2] for t in timings)
+        total_gpu_ms = sum(e.gpu_ms for e in extras.values())
+        summary = f"total {format_seconds(total * unit)}"
+        if gpu:
+            summary += f", GPU {format_seconds(total_gpu_ms * 1e-3)}"
+        out.append(
+            f'<div class="head"><b>{html.escape(name)}</b> — {html.escape(filename)}:'
+            f"{start} — {summary}</div>"
+        )
+        headers = ["Line #", "Hits", "Time", "Per Hit", "% Time"]
+        if gpu:
+            headers += ["GPU Time", "% GPU", "Syncs"]
+        if memory:
+            headers += ["Mem Δ", "Peak"]
+        out.append("<table><thead><tr>")
+        out.extend(f"<th>{html.escape(h)}</th>" for h in headers)
+        out.append('<th class="src">Line Contents</th></tr></thead><tbody>')
+        rows = {line: (hits, duration) for line, hits, duration in timings}
+        source = _html_source(filename, start, list(rows))
+        for lineno, text in zip(range(start, start + len(source)), source, strict=False):
+            out.append(
+                _html_row(
+                    lineno=lineno,
+                    text=text,
+                    rows=rows,
+                    extras=extras,
+                    total=total,
+                    total_gpu_ms=total_gpu_ms,
+                    unit=unit,
+                    result=result,
+                )
+            )
+        out.append("</tbody></table>")
+    lines = notes(result)
+    if lines:
+        out.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _html_source(filename: str, start: int, linenos: list[int]) -> list[str]:
+    if os.path.exists(filename) or is_generated_code(filename):
+        found = list(get_code_block(filename, start))
+        if found:
+            return found
+    count = 1 if not linenos else max(linenos) - min(*linenos, start) + 1
+    return [""] * count
+
+
+def _html_row(
+    *,
+    lineno: int,
+    text: str,
+    rows: dict[int, tuple[int, int]],
+    extras: dict[int, LineExtras],
+    total: int,
+    total_gpu_ms: float,
+    unit: float,
+    result: LineProfileResult,
+) -> str:
+    source = html.escape(text.rstrip("\n").rstrip("\r"))
+    extra = extras.get(lineno)
+    flagged = result.gpu_columns and extra is not None and extra.syncs > 0
+    cells: list[str] = [f"<td>{lineno}</td>"]
+    if lineno in rows:
+        hits, duration = rows[lineno]
+        share = 100 * duration / total if total else 0.0
+        cells += [
+            f"<td>{hits}</td>",
+            f"<td{_bar(share, '#f4a261a0')}>{format_seconds(duration * unit)}</td>",
+            f"<td>{format_seconds(duration * unit / hits) if hits else ''}</td>",
+            f"<td>{share:.1f}</td>",
+        ]
+    else:
+        cells += ["<td></td>"] * 4
+    if result.gpu_columns:
+        if extra is not None and extra.gpu_spans:
+            share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
+            cells += [
+                f"<td{_bar(share, '#2a9d8fa0')}>{format_seconds(extra.gpu_ms * 1e-3)}</td>",
+                f"<td>{share:.1f}</td>",
+            ]
+        else:
+            cells += ["<td></td>"] * 2
+        if flagged:
+            assert extra is not None
+            cells.append(
+                f'<td class="warn" title="{html.escape(_SYNC_TITLE)}">⚠ {extra.syncs}</td>'
+            )
+        else:
+            cells.append("<td></td>")
+    if result.memory_columns:
+        if extra is not None and extra.mem_hits:
+            cells += [f"<td>{_signed_bytes(extra.mem_delta)}</td>", f"<td>{_peak_text(extra)}</td>"]
+        else:
+            cells += ["<td></td>"] * 2
+    row_class = ' class="sync"' if flagged else ""
+    return f'<tr{row_class}>{"".join(cells)}<td class="src">{source}</td></tr>'

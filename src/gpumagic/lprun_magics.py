@@ -1,0 +1,191 @@
+"""IPython glue for ``%lprun``: line_profiler's magic, with each line charged for the
+GPU work it launched. Loading gpumagic replaces line_profiler's ``%lprun`` on purpose;
+``%load_ext line_profiler`` afterwards brings the original back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from IPython import display as _display
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumagic.lineprof import LineProfileResult
+
+__all__ = ["LineProfileDisplay", "LprunMagics", "register"]
+
+_LONG_OPTIONS = ("no-sync", "gpu", "memory")
+display: Callable[..., None] = _display.display
+
+
+@dataclass
+class LineProfileDisplay:
+    """What ``%lprun`` displays: HTML with time bars, and line_profiler's text table."""
+
+    result: LineProfileResult
+    output_unit: float | None = None
+    stripzeros: bool = False
+
+    @property
+    def text(self) -> str:
+        from gpumagic.lineprof_report import render_text
+
+        return render_text(self.result, self.output_unit, self.stripzeros)
+
+    def _repr_html_(self) -> str:
+        from gpumagic.lineprof_report import render_html
+
+        return render_html(self.result, self.output_unit, self.stripzeros)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@magics_class
+class LprunMagics(Magics):
+    """``%lprun``, synchronized when CUDA is in use."""
+
+    @line_magic
+    def lprun(self, parameter_s: str = "") -> Any:
+        """Line-profile a statement; each line is charged for the GPU work it launched.
+
+        Usage::
+
+            %lprun [-f func] [-m module] [-D file] [-T file] [-r] [-s] [-z] [-u unit]
+                   [--no-sync] [--gpu] [--memory] <statement>
+
+        line_profiler's ``%lprun`` options and table, plus: when the process uses CUDA,
+        every device with a context is synchronized at each line boundary of the
+        profiled functions (never during CUDA graph capture), so a line's time
+        includes the GPU work it launched instead of landing on a later ``.item()``.
+        gpumagic's own cost is subtracted and a statement over several lines counts
+        once. With no CUDA in use it behaves like line_profiler's ``%lprun``.
+
+        Options:
+
+        ``-f <function>``: profile this function, method, property, class, partial or
+        ``nn.Module`` (its ``forward``); repeatable. Any expression, without spaces.
+
+        ``-m <module>``: profile every function of this module.
+
+        ``-D <file>``: save the statistics as a ``.lprof`` file (read it with
+        ``python -m line_profiler <file>``).
+
+        ``-T <file>``: save the text table.
+
+        ``-r``: return the profiler (a ``line_profiler.LineProfiler``; its
+        ``get_stats()``/``print_stats()``/``dump_stats()`` give the same numbers, and
+        ``.result()`` gpumagic's per-line GPU and memory figures).
+
+        ``-s`` / ``-z``: leave out functions that never ran.
+
+        ``-u <seconds>``: the time unit of the text table (e.g. ``1e-3``).
+
+        ``--no-sync``: do not synchronize (host times only, as line_profiler).
+
+        ``--gpu``: add a GPU-time column from CUDA events (no extra host stall) and
+        count, per line, the synchronizing calls where the host waited for the GPU
+        (``.item()``, ``.cpu()``, printing a tensor, ``nonzero()``).
+
+        ``--memory``: add the change of allocated CUDA memory per line and the peak
+        above the line's start while it ran (from the allocator's counters).
+
+        Output is displayed (HTML with time bars, and the text table), not paged.
+        """
+        from gpumagic.lineprof import GpuLineProfiler, ProfilerBusy, patched_builtins_profile
+
+        assert self.shell is not None
+        # line_profiler's quoting, so that statements behave exactly as under its %lprun.
+        parameter_s = parameter_s.replace('"', r"\"").replace("'", r"\"")
+        try:
+            opts, statement = self.parse_options(
+                parameter_s, "rszf:m:D:T:u:", *_LONG_OPTIONS, list_all=True
+            )
+        except UsageError as exc:
+            raise UsageError(f"%lprun: {exc}") from None
+        if not statement.strip():
+            raise UsageError("%lprun needs a statement to run, e.g. %lprun -f step step(x)")
+        output_unit = _output_unit(opts.get("u"))
+        profiler = GpuLineProfiler(
+            sync="no-sync" not in opts, gpu="gpu" in opts, memory="memory" in opts
+        )
+        namespace = self.shell.user_ns
+        for expression in opts.get("f", []):
+            try:
+                target = eval(expression, self.shell.user_global_ns, namespace)
+            except Exception as exc:
+                raise UsageError(
+                    f"Could not find function {expression}.\n{type(exc).__name__}: {exc}"
+                ) from None
+            profiler.add_target(target, name=expression)
+        for module_name in opts.get("m", []):
+            try:
+                module = __import__(module_name, fromlist=[""])
+            except Exception as exc:
+                raise UsageError(
+                    f"Could not find module {module_name}.\n{type(exc).__name__}: {exc}"
+                ) from None
+            profiler.add_module(module)
+
+        message = None
+        failure: BaseException | None = None
+        try:
+            with patched_builtins_profile(profiler):
+                profiler.runctx(statement, self.shell.user_global_ns, namespace)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            message = f"{type(exc).__name__} exception caught in code being profiled."
+        except ProfilerBusy as exc:
+            raise UsageError(str(exc)) from None
+        except Exception as exc:  # shown with the profile, then raised to the user
+            failure = exc
+        finally:
+            profiler.restore_code()
+
+        view = LineProfileDisplay(
+            profiler.result(message), output_unit, stripzeros="z" in opts or "s" in opts
+        )
+        display(view)
+        _save(profiler, view, opts)
+        if message:
+            print("\n*** " + message)
+        if failure is not None:
+            raise failure
+        return profiler if "r" in opts else None
+
+
+def _output_unit(values: list[str] | None) -> float | None:
+    if not values:
+        return None
+    try:
+        unit = float(values[-1])
+    except ValueError:
+        raise UsageError(
+            f"-u takes the time unit in seconds, e.g. -u 1e-3; got {values[-1]!r}"
+        ) from None
+    if unit <= 0:
+        raise UsageError(f"-u takes a positive time unit in seconds; got {values[-1]!r}")
+    return unit
+
+
+def _save(profiler: Any, view: LineProfileDisplay, opts: Any) -> None:
+    for raw in opts.get("D", []):
+        profiler.dump_stats(Path(raw))
+        print(f"\n*** Profile stats pickled to file {raw!r}.")
+    for raw in opts.get("T", []):
+        Path(raw).write_text(view.text + "\n", encoding="utf-8")
+        print(f"\n*** Profile printout saved to text file {raw!r}.")
+
+
+def register(shell: InteractiveShell) -> None:
+    """Register ``%lprun`` (replacing line_profiler's, if it was loaded)."""
+    shell.register_magics(LprunMagics)

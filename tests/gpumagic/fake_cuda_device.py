@@ -1,0 +1,104 @@
+"""A pretend asynchronous GPU for the %lprun logic tests (tests only, no CUDA).
+
+``launch(seconds)`` queues work and returns at once, like a CUDA kernel launch;
+``synchronize`` and ``item`` wait until the queued work is done, in real time. Events
+carry the time at which the pretend GPU reaches them. ``install`` swaps it in through
+the GPU seam (``gpumagic.cuda``), the one place the profiler touches CUDA.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpumagic import cuda
+
+if TYPE_CHECKING:
+    import pytest
+
+
+@dataclass(frozen=True)
+class FakeEvent:
+    at: float  # perf_counter seconds at which the pretend GPU passes this event
+
+
+class FakeDevice:
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.capturing = False
+        self.debug_mode = 0
+        self.allocated = 0
+        self.peak = 0
+        self.total_allocated = 0
+        self.total_freed = 0
+        self.syncs = 0
+        self.sync_error: Exception | None = None
+        self.debug_modes_set: list[int] = []
+
+    # -- what user code does ---------------------------------------------------------
+
+    def launch(self, seconds: float) -> None:
+        """Queue ``seconds`` of GPU work; returns at once."""
+        now = time.perf_counter()
+        self.free_at = max(self.free_at, now) + seconds
+
+    def item(self) -> float:
+        """A hidden synchronization, like ``tensor.item()``."""
+        if self.debug_mode == 1:
+            warnings.warn(cuda.SYNC_WARNING_MESSAGE, UserWarning, stacklevel=2)
+        self._wait()
+        return 0.0
+
+    def alloc(self, size: int) -> None:
+        self.allocated += size
+        self.total_allocated += size
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, size: int) -> None:
+        self.allocated -= size
+        self.total_freed += size
+
+    def _wait(self) -> None:
+        remaining = self.free_at - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    # -- the seam --------------------------------------------------------------------
+
+    def synchronize_each(self, devices: tuple[int, ...]) -> None:
+        if self.sync_error is not None:
+            raise self.sync_error
+        assert devices == (0,)
+        self.syncs += 1
+        self._wait()
+
+    def record_timing_event(self) -> FakeEvent:
+        return FakeEvent(max(self.free_at, time.perf_counter()))
+
+    def event_completed(self, event: FakeEvent) -> bool:
+        return time.perf_counter() >= event.at
+
+    def event_span_ms(self, start: FakeEvent, end: FakeEvent) -> float:
+        return (end.at - start.at) * 1e3
+
+    def allocation_marks(self, device: int) -> tuple[int, int, int, int]:
+        return self.allocated, self.peak, self.total_allocated, self.total_freed
+
+    def set_sync_debug_mode(self, mode: int) -> None:
+        self.debug_modes_set.append(mode)
+        self.debug_mode = mode
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
+        monkeypatch.setattr(cuda, "devices_with_context", lambda: (0,))
+        monkeypatch.setattr(cuda, "visible_device_total", lambda: 1)
+        monkeypatch.setattr(cuda, "synchronize_each", self.synchronize_each)
+        monkeypatch.setattr(cuda, "stream_is_capturing", lambda: self.capturing)
+        monkeypatch.setattr(cuda, "record_timing_event", self.record_timing_event)
+        monkeypatch.setattr(cuda, "event_completed", self.event_completed)
+        monkeypatch.setattr(cuda, "event_span_ms", self.event_span_ms)
+        monkeypatch.setattr(cuda, "allocation_marks", self.allocation_marks)
+        monkeypatch.setattr(cuda, "get_sync_debug_mode", lambda: self.debug_mode)
+        monkeypatch.setattr(cuda, "set_sync_debug_mode", self.set_sync_debug_mode)
+        return self

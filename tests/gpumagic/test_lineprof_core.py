@@ -1,0 +1,433 @@
+"""The %lprun core through plain calls, with a pretend asynchronous GPU.
+
+The fake device (``fake_cuda_device.py``) is swapped in through the GPU seam, so these
+tests check the attribution logic on any Python: 3.11 here (the trace-function hook),
+3.12 on the GPU machine (the sys.monitoring hook).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from line_profiler import LineProfiler
+
+from gpumagic.lineprof import GpuLineProfiler, ProfilerBusy, _peak_above, statement_lines
+
+from fake_cuda_device import FakeDevice
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+WORK = 0.05  # seconds of pretend GPU work launched by line A
+
+
+@pytest.fixture
+def dev(monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
+    return FakeDevice().install(monkeypatch)
+
+
+def rows(prof: GpuLineProfiler, func: Callable[..., Any]) -> dict[int, tuple[int, float]]:
+    """``{offset from def: (hits, seconds)}`` for ``func``."""
+    stats = prof.get_stats()
+    first = func.__code__.co_firstlineno
+    for (_, start, _), timings in stats.timings.items():
+        if start == first:
+            return {line - first: (hits, t * stats.unit) for line, hits, t in timings}
+    raise AssertionError(f"{func.__name__} not in the stats")
+
+
+def step(dev: FakeDevice) -> float:
+    dev.launch(WORK)  # line A: returns at once
+    return dev.item()  # line B: waits for A's work
+
+
+def profile(func: Callable[..., Any], *args: Any, **options: bool) -> GpuLineProfiler:
+    prof = GpuLineProfiler(**options)
+    prof.add_target(func)
+    with prof.session():
+        func(*args)
+    return prof
+
+
+# -- attribution ----------------------------------------------------------------------
+
+
+def test_synchronized_profile_charges_the_launching_line(dev: FakeDevice) -> None:
+    prof = profile(step, dev)
+    lines = rows(prof, step)
+    a, b = lines[1][1], lines[2][1]
+    assert a >= WORK * 0.98
+    assert a / (a + b) >= 0.9
+    result = prof.result()
+    assert result.cuda_used and result.syncs >= 3 and result.devices == (0,)
+
+
+def test_without_sync_the_waiting_line_gets_the_work(dev: FakeDevice) -> None:
+    prof = profile(step, dev, sync=False)
+    lines = rows(prof, step)
+    assert lines[2][1] >= WORK * 0.98
+    assert lines[1][1] < WORK * 0.1
+    assert dev.syncs == 0
+
+
+def test_plain_line_profiler_bills_the_waiting_line(dev: FakeDevice) -> None:
+    """The problem being solved, shown with the same fake device."""
+    prof = LineProfiler(step)
+    with prof:
+        step(dev)
+    stats = prof.get_stats()
+    ((_, timings),) = stats.timings.items()
+    times = {line - step.__code__.co_firstlineno: t * stats.unit for line, _, t in timings}
+    assert times[2] >= WORK * 0.98 > times[1] * 10
+
+
+def test_nested_calls_charge_the_callers_line_inclusively(dev: FakeDevice) -> None:
+    def outer(dev: FakeDevice) -> float:
+        step(dev)
+        return dev.item()
+
+    prof = GpuLineProfiler()
+    prof.add_target(outer)
+    prof.add_target(step)
+    with prof.session():
+        outer(dev)
+    assert rows(prof, outer)[1][1] >= WORK * 0.98
+    assert rows(prof, step)[1][1] >= WORK * 0.98
+    assert rows(prof, outer)[2][1] < WORK * 0.2
+
+
+def test_gpu_column_and_hidden_syncs(dev: FakeDevice) -> None:
+    for sync in (True, False):
+        prof = profile(step, dev, sync=sync, gpu=True)
+        result = prof.result()
+        ((_, extras),) = result.extras.items()
+        first = step.__code__.co_firstlineno
+        a, b = extras[first + 1], extras[first + 2]
+        assert WORK * 1e3 * 0.98 <= a.gpu_ms <= WORK * 1e3 * 1.5
+        assert b.gpu_ms < WORK * 1e3 * 0.2
+        assert (a.syncs, b.syncs) == (0, 1)
+        assert result.gpu_columns
+    assert dev.debug_modes_set == [1, 0, 1, 0]  # switched on, then put back, per session
+
+
+def test_sync_warnings_of_the_user_are_kept_when_they_asked_for_them(dev: FakeDevice) -> None:
+    dev.debug_mode = 1
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        prof = profile(step, dev, gpu=True)
+    assert any("synchronizing CUDA operation" in str(w.message) for w in seen)
+    assert dev.debug_modes_set == []  # already on: left alone
+    ((_, extras),) = prof.result().extras.items()
+    assert extras[step.__code__.co_firstlineno + 2].syncs == 1
+
+
+def test_other_warnings_still_reach_the_user(dev: FakeDevice) -> None:
+    def noisy(dev: FakeDevice) -> None:
+        warnings.warn("keep me", UserWarning, stacklevel=1)
+        dev.item()
+
+    with pytest.warns(UserWarning, match="keep me"):
+        profile(noisy, dev, gpu=True)
+
+
+def test_memory_delta_and_peak(dev: FakeDevice) -> None:
+    def mem(dev: FakeDevice) -> None:
+        dev.alloc(100)
+        dev.alloc(300), dev.free(300)
+        dev.free(100)
+
+    dev.alloc(10_000)
+    dev.free(10_000)  # the process-wide peak is far above what mem() reaches
+    prof = profile(mem, dev, memory=True)
+    ((_, extras),) = prof.result().extras.items()
+    first = mem.__code__.co_firstlineno
+    alloc, temp, free = extras[first + 1], extras[first + 2], extras[first + 3]
+    assert (alloc.mem_delta, alloc.mem_peak, alloc.mem_peak_bound) == (100, 100, False)
+    assert (temp.mem_delta, temp.mem_peak, temp.mem_peak_bound) == (0, 300, True)
+    assert (free.mem_delta, free.mem_peak, free.mem_peak_bound) == (-100, 0, False)
+    assert dev.peak == 10_000  # the allocator's peak counter was not reset
+
+
+def test_memory_peak_is_exact_when_the_line_sets_a_new_peak(dev: FakeDevice) -> None:
+    def temp(dev: FakeDevice) -> None:
+        dev.alloc(500), dev.free(500)
+
+    prof = profile(temp, dev, memory=True)
+    ((_, extras),) = prof.result().extras.items()
+    line = extras[temp.__code__.co_firstlineno + 1]
+    assert (line.mem_delta, line.mem_peak, line.mem_peak_bound) == (0, 500, False)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [
+        ((0, 0, 0, 0), (100, 100, 100, 0), (100, True)),  # new peak
+        ((50, 900, 50, 0), (150, 900, 150, 0), (100, True)),  # only allocated
+        ((50, 900, 50, 0), (0, 900, 50, 50), (0, True)),  # only freed
+        ((50, 900, 50, 0), (50, 900, 350, 300), (300, False)),  # both: a bound
+        ((50, 900, 50, 0), (50, 900, 2050, 2000), (850, False)),  # bound capped by the peak
+        ((50, 900, 50, 0), (60, 70, 60, 0), (20, True)),  # peak reset within the line
+    ],
+)
+def test_peak_above_start(
+    start: tuple[int, int, int, int], end: tuple[int, int, int, int], expected: tuple[int, bool]
+) -> None:
+    assert _peak_above(start, end) == expected
+
+
+def test_no_sync_while_a_cuda_graph_is_captured(dev: FakeDevice) -> None:
+    def capture(dev: FakeDevice) -> None:
+        dev.capturing = True
+        dev.launch(0.001)
+        dev.launch(0.001)
+        dev.capturing = False
+
+    prof = profile(capture, dev, gpu=True)
+    result = prof.result()
+    assert result.capture_skips >= 3
+    assert dev.syncs == result.syncs + 16  # + the idle-synchronize calibration
+    assert result.failure is None
+
+
+def test_a_failing_synchronize_stops_the_cuda_work_not_the_code(dev: FakeDevice) -> None:
+    dev.sync_error = RuntimeError("CUDA error: device-side assert triggered")
+    prof = profile(step, dev, gpu=True, memory=True)
+    result = prof.result()
+    assert result.failure == "RuntimeError: CUDA error: device-side assert triggered"
+    assert dev.debug_modes_set in ([], [1, 0])
+    assert rows(prof, step)[2][0] == 1  # the code ran to its end
+
+
+def test_cuda_starting_within_the_run_is_picked_up(
+    dev: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpumagic import cuda
+
+    started: list[int] = []
+    monkeypatch.setattr(cuda, "devices_with_context", lambda: tuple(started))
+
+    def first_use(dev: FakeDevice) -> float:
+        started.append(0)
+        dev.launch(WORK)
+        return dev.item()
+
+    prof = profile(first_use, dev)
+    lines = rows(prof, first_use)
+    assert lines[2][1] >= WORK * 0.98
+    assert prof.result().cuda_used
+
+
+def test_without_cuda_nothing_is_synchronized() -> None:
+    prof = profile(lambda: sum(range(100)))
+    result = prof.result()
+    assert not result.cuda_used and result.syncs == 0
+
+
+# -- what line_profiler would get wrong or what it keeps -------------------------------
+
+
+def test_multiline_statement_counted_once() -> None:
+    def multi(n: int) -> int:
+        total = max(
+            n,
+            1,
+        )
+        return total
+
+    prof = profile(multi, 3)
+    lines = rows(prof, multi)
+    assert lines[1][0] == 1
+    assert 2 not in lines and 3 not in lines
+    raw = prof.raw_stats()
+    ((_, timings),) = raw.timings.items()
+    assert len(timings) > 2  # line_profiler itself sees several physical lines
+
+
+def test_statement_lines_map_continuations_and_headers() -> None:
+    def shapes(xs: list[int]) -> int:
+        total = sum(
+            xs,
+        )
+        for x in range(
+            3,
+        ):
+            total += x
+        return total
+
+    mapping, firsts = statement_lines(shapes.__code__)
+    first = shapes.__code__.co_firstlineno
+    offsets = {line - first: start - first for line, start in mapping.items()}
+    assert offsets == {1: 1, 2: 1, 3: 1, 4: 4, 5: 4, 6: 4}
+    assert {f - first for f in firsts} == {1, 4}
+    assert statement_lines((lambda: 0).__code__) == ({}, frozenset())
+
+
+def test_loop_headers_keep_line_profiler_hits() -> None:
+    def loop() -> int:
+        total = 0
+        for i in range(
+            4,
+        ):
+            total += i
+        return total
+
+    lines = rows(profile(loop), loop)
+    assert lines[2][0] == 5  # the header: once per iteration, plus the exit
+    assert lines[5][0] == 4
+
+
+def test_generator_suspended_time_not_billed() -> None:
+    def gen() -> Any:
+        for i in range(3):
+            yield i
+
+    prof = GpuLineProfiler()
+    prof.add_target(gen)
+    with prof.session():
+        for _ in gen():
+            time.sleep(0.03)
+    lines = rows(prof, gen)
+    assert sum(t for _, t in lines.values()) < 0.02
+    assert lines[2][0] == 3
+
+
+def test_recursion_counts_every_frame() -> None:
+    def fib(n: int) -> int:
+        if n < 2:
+            return n
+        return fib(n - 1) + fib(n - 2)
+
+    lines = rows(profile(fib, 6), fib)
+    assert lines[1][0] == 25  # calls of fib(6)
+    assert lines[3][0] == 12
+
+
+def test_exception_closes_the_open_line(dev: FakeDevice) -> None:
+    def fails(dev: FakeDevice) -> None:
+        dev.launch(WORK)
+        raise ValueError("boom")
+
+    prof = GpuLineProfiler()
+    prof.add_target(fails)
+    with pytest.raises(ValueError, match="boom"), prof.session():
+        fails(dev)
+    lines = rows(prof, fails)
+    assert lines[1][1] >= WORK * 0.98
+    assert lines[2][0] == 1
+
+
+def test_keyboard_interrupt_stops_synchronizing(dev: FakeDevice) -> None:
+    def interrupted(dev: FakeDevice) -> None:
+        dev.launch(WORK)
+        dev.launch(1.0), signal_arrives()
+
+    def signal_arrives() -> None:
+        raise KeyboardInterrupt
+
+    prof = GpuLineProfiler()
+    prof.add_target(interrupted)
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt), prof.session():
+        interrupted(dev)
+    assert time.perf_counter() - started < 0.5  # did not wait for the pretend GPU
+    assert rows(prof, interrupted)[1][1] >= WORK * 0.98  # synchronized until then
+
+
+def test_own_cost_is_subtracted() -> None:
+    """gpumagic's hook costs about a microsecond per line; most of it is removed."""
+
+    def busy(n: int) -> int:
+        a = 0
+        for i in range(n):
+            a += i
+        return a
+
+    prof = profile(busy, 20_000)
+    raw = sum(t for _, _, t in next(iter(prof.raw_stats().timings.values())))
+    corrected = sum(t for _, _, t in next(iter(prof.get_stats().timings.values())))
+    assert corrected < raw
+    assert prof.result().hook in ("sys.settrace", "sys.monitoring")
+
+
+# -- targets ----------------------------------------------------------------------------
+
+
+def test_torch_compiled_callables_are_reported_not_profiled() -> None:
+    def fn(x: int) -> int:
+        return x
+
+    fn._torchdynamo_orig_callable = fn  # type: ignore[attr-defined]
+    prof = GpuLineProfiler()
+    assert prof.add_target(fn, name="cfn") == 0
+    assert "cfn is torch.compile'd" in prof.notes[0]
+
+
+def test_restore_code_gives_back_the_original_code() -> None:
+    def target() -> int:
+        return 1
+
+    original = target.__code__
+    prof = profile(target)
+    assert target.__code__ is not original  # line_profiler padded it
+    prof.restore_code()
+    assert target.__code__ is original
+
+
+# -- restoration ------------------------------------------------------------------------
+
+
+def test_trace_function_restored() -> None:
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        return None
+
+    sys.settrace(tracer)
+    try:
+        profile(step, FakeDevice())
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+
+
+def test_thread_of_the_session_only_on_legacy_trace() -> None:
+    done = threading.Event()
+    prof = GpuLineProfiler()
+    prof.add_target(step)
+    with prof.session():
+        thread = threading.Thread(target=done.set)
+        thread.start()
+        thread.join()
+    assert done.is_set()
+    assert sys.gettrace() is None
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is 3.12+")
+def test_monitoring_tool_ids_restored_and_skipped_when_taken() -> None:
+    mon: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+    mon.use_tool_id(3, "someone else")
+    try:
+        prof = profile(step, FakeDevice())
+        assert prof.result().hook == "sys.monitoring"
+        assert [mon.get_tool(i) for i in range(6)] == [None, None, None, "someone else", None, None]
+    finally:
+        mon.free_tool_id(3)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is 3.12+")
+def test_busy_tool_ids_are_a_clear_error() -> None:
+    mon: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+    for tool in (3, 4, 5):
+        mon.use_tool_id(tool, f"tool {tool}")
+    try:
+        prof = GpuLineProfiler()
+        prof.add_target(step)
+        with pytest.raises(ProfilerBusy, match=r"tool ids 3 \(tool 3\), 4 \(tool 4\)"):
+            prof.session().__enter__()
+        assert mon.get_tool(2) is None
+    finally:
+        for tool in (3, 4, 5):
+            mon.free_tool_id(tool)
