@@ -14,11 +14,10 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from fake_cuda_device import FakeDevice
 from line_profiler import LineProfiler
 
 from gpumagic.lineprof import GpuLineProfiler, ProfilerBusy, _peak_above, statement_lines
-
-from fake_cuda_device import FakeDevice
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,7 +63,9 @@ def test_synchronized_profile_charges_the_launching_line(dev: FakeDevice) -> Non
     assert a >= WORK * 0.98
     assert a / (a + b) >= 0.9
     result = prof.result()
-    assert result.cuda_used and result.syncs >= 3 and result.devices == (0,)
+    assert result.cuda_used
+    assert result.syncs >= 3
+    assert result.devices == (0,)
 
 
 def test_without_sync_the_waiting_line_gets_the_work(dev: FakeDevice) -> None:
@@ -225,7 +226,8 @@ def test_cuda_starting_within_the_run_is_picked_up(
 def test_without_cuda_nothing_is_synchronized() -> None:
     prof = profile(lambda: sum(range(100)))
     result = prof.result()
-    assert not result.cuda_used and result.syncs == 0
+    assert not result.cuda_used
+    assert result.syncs == 0
 
 
 # -- what line_profiler would get wrong or what it keeps -------------------------------
@@ -233,16 +235,16 @@ def test_without_cuda_nothing_is_synchronized() -> None:
 
 def test_multiline_statement_counted_once() -> None:
     def multi(n: int) -> int:
-        total = max(
+        return max(
             n,
             1,
         )
-        return total
 
     prof = profile(multi, 3)
     lines = rows(prof, multi)
     assert lines[1][0] == 1
-    assert 2 not in lines and 3 not in lines
+    assert 2 not in lines
+    assert 3 not in lines
     raw = prof.raw_stats()
     ((_, timings),) = raw.timings.items()
     assert len(timings) > 2  # line_profiler itself sees several physical lines
@@ -283,8 +285,7 @@ def test_loop_headers_keep_line_profiler_hits() -> None:
 
 def test_generator_suspended_time_not_billed() -> None:
     def gen() -> Any:
-        for i in range(3):
-            yield i
+        yield from range(3)
 
     prof = GpuLineProfiler()
     prof.add_target(gen)
