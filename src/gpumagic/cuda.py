@@ -974,6 +974,7 @@ def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfil
         if e.device_type == device_type.CUDA
         and not getattr(e, "is_user_annotation", False)
         and e.name not in annotations
+        and not e.name.startswith("ProfilerStep")
     ]
     totals: dict[str, list[float]] = {}
     for e in on_device:

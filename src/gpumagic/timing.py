@@ -79,6 +79,7 @@ GRAPH_MAX_UNROLL = 256
 PROFILE_TARGET = 0.1  # seconds of body time under the profiler
 PROFILE_MAX_LOOPS = 1000
 SYNC_CHECK_LOOPS = 10
+COLD_PASS_LOOPS = 20  # single cold calls profiled / sync-checked
 SYNC_CHECK_TARGET = 0.5
 CUDA_OPTIONS = ("cold", "graph", "kernels", "validate", "sync_check")
 
@@ -576,7 +577,7 @@ class _Timer:
                 total = _Run(total.loops + 1, total.gpu + r.gpu, 0.0, 0.0)
             return total
 
-        self._extra_passes(result, profiled_measure, 1, 1, flushes=True)
+        self._extra_passes(result, profiled_measure, COLD_PASS_LOOPS, 1, flushes=True)
         return result
 
     def _cold_profiled_call(self, buffer: Any) -> _Run:
@@ -640,6 +641,13 @@ class _Timer:
                 f"--cold: {profile.flushes_removed} of {count} L2 flushes could be told apart "
                 "in the CUPTI record; the kernel figures may include the rest"
             )
+        if profile.busy_us == 0 and result.mode != "eager":
+            # The graph was not empty when captured: CUPTI missed its kernels.
+            self.report.warnings.append(
+                "--kernels: CUPTI recorded no kernels for the CUDA graph replays; "
+                "run without --graph for kernel figures"
+            )
+            return
         result.kernel_loops = count
         result.kernel_time = profile.busy_us * 1e-6 / count
         result.kernel_span = profile.span_us * 1e-6 / count if profile.span_us else None
@@ -753,11 +761,13 @@ class _Timer:
             if result.kernel_time == 0:
                 result.verdict = "no GPU work was launched (CPU tensors?)"
             elif busy >= 0.8:
-                result.verdict = f"GPU-bound: GPU busy {busy:.0%} of wall time"
+                result.verdict = f"GPU-bound: GPU busy {busy * 100:.0f} % of wall time"
             elif busy < 0.5:
-                result.verdict = f"launch/CPU-bound: GPU busy {busy:.0%} of wall time"
+                result.verdict = f"launch/CPU-bound: GPU busy {busy * 100:.0f} % of wall time"
             else:
-                result.verdict = f"partly launch/CPU-bound: GPU busy {busy:.0%} of wall time"
+                result.verdict = (
+                    f"partly launch/CPU-bound: GPU busy {busy * 100:.0f} % of wall time"
+                )
             return
         if result.clock != "gpu" or result.mode != "eager" or not runs:
             return

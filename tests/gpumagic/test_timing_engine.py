@@ -73,7 +73,8 @@ def test_parse_amount_sizes_and_errors() -> None:
 
 # -- on the host (no GPU here, or --device cpu) -----------------------------------------
 def test_host_timing_reports_like_timeit() -> None:
-    result = time_cuda(sleeper(200e-6), TimingOptions(budget=0.3), takes_count=False, label="s")
+    options = TimingOptions(budget=0.3, host_only=True)
+    result = time_cuda(sleeper(200e-6), options, takes_count=False, label="s")
     assert result.clock == "host"
     assert result.gpu_time is None
     assert 150e-6 < result.median < 1e-3
@@ -82,13 +83,15 @@ def test_host_timing_reports_like_timeit() -> None:
     assert result.first_call is not None
     assert result.label == "s"
     assert result.all_runs == result.host_runs
-    assert any("Timed on the host like %timeit" in n for n in result.notes)
+    assert any("Timed on the host like %timeit (--device cpu)" in n for n in result.notes)
 
 
 def test_host_timing_with_fixed_loops_and_repeat() -> None:
     calls = []
     result = time_cuda(
-        lambda: calls.append(1), TimingOptions(loops=50, repeat=4, warmup=3), takes_count=False
+        lambda: calls.append(1),
+        TimingOptions(loops=50, repeat=4, warmup=3, host_only=True),
+        takes_count=False,
     )
     assert (result.loops, result.repeat) == (50, 4)
     # first call + 3 warm-up calls + 1 sizing call + 4 runs of 50
@@ -108,7 +111,7 @@ def test_body_errors_propagate_unchanged() -> None:
         raise KeyError("boom")
 
     with pytest.raises(KeyError, match="boom"):
-        time_cuda(body, takes_count=False)
+        time_cuda(body, TimingOptions(host_only=True), takes_count=False)
 
 
 def test_ctrl_c_returns_the_runs_so_far() -> None:
@@ -120,7 +123,7 @@ def test_ctrl_c_returns_the_runs_so_far() -> None:
             raise KeyboardInterrupt
         time.sleep(1e-4 * n)
 
-    result = time_cuda(body, TimingOptions(loops=1, warmup=0))
+    result = time_cuda(body, TimingOptions(loops=1, warmup=0, host_only=True))
     assert result.interrupted
     assert result.repeat >= 1
     assert any("interrupted (Ctrl-C)" in w for w in result.warnings)
@@ -131,7 +134,7 @@ def test_ctrl_c_before_anything_was_measured_propagates() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        time_cuda(body)
+        time_cuda(body, TimingOptions(host_only=True))
 
 
 # -- the GPU branches, against a stand-in seam -------------------------------------------
@@ -365,17 +368,18 @@ def test_kernels_pass_gives_busy_fraction_and_verdict(seam: FakeSeam) -> None:
 
 
 def test_validate_reports_events_over_cupti(seam: FakeSeam) -> None:
+    seam.fixed_span = 2e-3  # every event interval, so every run, takes 2 ms
+
     def profile(warm: Any, run: Any, devices: Any, flushes: int = 0) -> cuda.KernelProfile:
         warm()
-        calls = seam.calls
         run()
-        busy = (seam.calls - calls) * 500.0  # CUPTI agrees with the 500 µs body
-        return cuda.KernelProfile(busy, busy, (("k", seam.calls - calls, busy),), 0)
+        busy = 0.99 * seam.fixed_span * 1e6  # CUPTI sees 99 % of the run's span as kernels
+        return cuda.KernelProfile(busy, busy, (("k", 1, busy),), 0)
 
     seam.profile_kernels = profile  # type: ignore[method-assign]
-    result = time_cuda(counting(seam, 500e-6), TimingOptions(budget=0.2, validate=True))
-    assert result.cupti_ratio == pytest.approx(1.0, rel=0.2)
-    assert result.verdict.startswith("GPU-bound")
+    result = time_cuda(counting(seam, 1e-6), TimingOptions(budget=0.2, validate=True))
+    assert result.cupti_ratio == pytest.approx(1 / 0.99)
+    assert result.cupti_events_time == pytest.approx(2e-3 / result.kernel_loops)
     assert "CUPTI check" in result.text()
 
 

@@ -239,5 +239,6 @@ def test_compare_from_the_package(shell: InteractiveShell) -> None:
 
 
 def test_no_cuda_context_for_host_only_work(shell: InteractiveShell) -> None:
+    before = cuda.is_initialized()  # other tests in this process may have started CUDA
     assert run(shell, f"%cudatime -q {FAST} x = [i for i in range(10)]").success
-    assert not cuda.is_initialized()
+    assert cuda.is_initialized() == before

@@ -1,0 +1,445 @@
+"""How close ``%cudatime`` comes to CUPTI kernel time, next to the timers people use today.
+
+Workloads (the issue's list): a 1 ms spin kernel (``torch.cuda._sleep``), a copy of at
+least 4x the L2 cache, a 4096^3 bf16 matmul, one tiny op (a 4 KB add), a loop of 50 small
+ops (150 kernels), a matmul on a side stream the body never joins, and a body with a
+hidden ``.item()``.
+
+Reference: CUPTI kernel time of the same calls through torch.profiler (the sum of the
+device time of kernels, copies and memsets per call), warm (calls back to back) and
+cold (the L2 overwritten before each call; the flush kernels, ``FillFunctor<int>``, left
+out by name). Each timer is a ratio to the reference of matching cache state:
+
+* warm: ``%cudatime`` (defaults), ``%cudatime --graph``, ``torch.utils.benchmark.Timer``
+  (``blocked_autorange``, median) and IPython's ``%timeit`` (mean, what it prints);
+* cold: ``triton.testing.do_bench`` (median; it flushes L2 before each call) and
+  ``%cudatime --cold``.
+
+Runs are interleaved: every trial measures every workload with every method in turn, so
+drift in clocks or load hits all of them alike; ratios are medians over the trials with
+half the interquartile range. Once per workload, ``%cudatime --kernels`` gives the
+verdict and ``--sync-check`` the hidden syncs. Targets (issue 3) are checked last.
+
+    python benchmarks/bench_timing.py [--json results.jsonl] [--trials 5]
+
+Appends one JSON object per measurement to ``--json`` and prints a markdown table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+WARM = ("gpumagic", "gpumagic --graph", "torch Timer", "%timeit")
+COLD = ("do_bench", "gpumagic --cold")
+GPU_BOUND = ("spin 1 ms", "copy 4x L2", "bf16 mm 4096", "side-stream mm")
+LAUNCH_BOUND = ("tiny add 4 KB", "50-op loop")
+FLUSH_KERNEL = "FillFunctor<int>"
+
+
+@dataclass
+class Workload:
+    name: str
+    fn: Callable[[], object]
+    graph: bool = True
+    cold: bool = True
+
+
+def build_workloads(torch: Any, cycles_per_ms: float) -> list[Workload]:
+    props = torch.cuda.get_device_properties(0)
+    l2 = int(getattr(props, "L2_cache_size", 50 << 20))
+    copy_bytes = max(4 * l2, 256 << 20)
+    src = torch.randn(copy_bytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    small = torch.ones(1024, device="cuda")
+    chain_x = torch.randn(256, 256, device="cuda")
+    side = torch.cuda.Stream()
+    big = torch.randn(1 << 20, device="cuda")
+    cycles = int(cycles_per_ms)
+
+    def chain() -> None:
+        y = chain_x
+        for _ in range(50):
+            y = torch.relu(y * 1.0001 + 0.1)
+
+    def side_mm() -> None:
+        with torch.cuda.stream(side):
+            torch.mm(a, b)
+
+    def hidden_item() -> None:
+        y = big * 2
+        if y.sum().item() > 1e30:
+            raise AssertionError
+
+    return [
+        Workload("spin 1 ms", lambda: torch.cuda._sleep(cycles)),
+        Workload(f"copy 4x L2 ({copy_bytes >> 20} MiB)", lambda: dst.copy_(src)),
+        Workload("bf16 mm 4096", lambda: torch.mm(a, b)),
+        Workload("tiny add 4 KB", lambda: small.add_(1.0)),
+        Workload("50-op loop", chain, cold=False),
+        Workload("side-stream mm", side_mm, graph=False, cold=False),
+        Workload("hidden .item()", hidden_item, graph=False, cold=False),
+    ]
+
+
+def short(name: str) -> str:
+    return name.split(" (", maxsplit=1)[0]
+
+
+def calibrate_spin(torch: Any) -> float:
+    torch.cuda._sleep(100_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rates = []
+    for _ in range(5):
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(10_000_000 / start.elapsed_time(end))
+    return statistics.median(rates)
+
+
+def device_seconds(torch: Any, prof: Any, exclude: str | None = None) -> tuple[float, int]:
+    """Summed device time of kernels/copies/memsets, and how many were left out."""
+    total, left_out = 0.0, 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if getattr(e, "is_user_annotation", False) or e.name.startswith("ProfilerStep"):
+            continue
+        if exclude and exclude in e.name:
+            left_out += 1
+            continue
+        total += e.time_range.end - e.time_range.start
+    return total * 1e-6, left_out
+
+
+def estimate(torch: Any, fn: Callable[[], object]) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / 5
+
+
+def cupti(torch: Any, fn: Callable[[], object], calls: int, flush: Any = None) -> float:
+    """CUPTI time per call: back to back (warm), or each after an L2 flush (cold)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def one() -> None:
+        if flush is not None:
+            flush.zero_()
+        fn()
+
+    with profile(
+        activities=[ProfilerActivity.CUDA], schedule=schedule(wait=0, warmup=1, active=1)
+    ) as prof:
+        for _ in range(2):
+            one()
+        torch.cuda.synchronize()
+        prof.step()
+        for _ in range(calls):
+            one()
+        torch.cuda.synchronize()
+        prof.step()
+    seconds, left_out = device_seconds(torch, prof, FLUSH_KERNEL if flush is not None else None)
+    if flush is not None and left_out != calls:
+        raise RuntimeError(f"found {left_out} flush kernels for {calls} calls")
+    return seconds / calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="append one JSON object per measurement to this file")
+    parser.add_argument("--trials", type=int, default=5, help="interleaved trials (default 5)")
+    args = parser.parse_args()
+
+    import torch
+    import triton.testing
+    from IPython.core.interactiveshell import InteractiveShell
+    from torch.utils.benchmark import Timer
+
+    from gpumagic import cuda
+
+    if not cuda.status().available:
+        print(f"bench_timing: no GPU ({cuda.status().reason})")
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    records: list[dict[str, Any]] = []
+    env = {
+        "bench": "timing",
+        "kind": "environment",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(0),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "ipython": version("ipython"),
+        "gpumagic": version("gpumagic"),
+        "driver": cuda.status().driver_version,
+        "trials": args.trials,
+    }
+    records.append(env)
+    print(json.dumps(env))
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpumagic")
+    cycles_per_ms = calibrate_spin(torch)
+    workloads = build_workloads(torch, cycles_per_ms)
+    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+    flush = torch.empty(max(2 * l2, 256 << 20) // 4, dtype=torch.int32, device="cuda")
+    results: dict[tuple[str, str], list[float]] = {}
+    walls: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+
+    def cudatime(options: str, fn: Callable[[], object]) -> Any:
+        shell.user_ns["fn"] = fn
+        return shell.run_line_magic("cudatime", f"-q -o {options} fn()")
+
+    def measure(trial: int, w: Workload, method: str, run: Callable[[], float]) -> None:
+        try:
+            seconds = run()
+        except Exception as exc:  # a failing timer must not sink the whole table
+            seconds = float("nan")
+            print(f"  {w.name} / {method}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        torch.cuda.synchronize()
+        results.setdefault((w.name, method), []).append(seconds)
+        record = {
+            "bench": "timing",
+            "trial": trial,
+            "workload": w.name,
+            "method": method,
+            "seconds": seconds,
+        }
+        records.append(record)
+
+    def gpumagic_default(w: Workload) -> float:
+        started = time.perf_counter()
+        r = cudatime("", w.fn)
+        walls.setdefault(w.name, []).append(time.perf_counter() - started)
+        return float(r.median)
+
+    def gpumagic_graph(w: Workload) -> float:
+        r = cudatime("--graph --budget 0.5", w.fn)
+        if r.mode != "graph":
+            raise RuntimeError("; ".join(r.warnings))
+        return float(r.median)
+
+    def timeit(w: Workload) -> float:
+        shell.user_ns["fn"] = w.fn
+        return float(shell.run_line_magic("timeit", "-o -q -n 100 -r 3 fn()").average)
+
+    started = time.perf_counter()
+    for trial in range(args.trials):
+        for w in workloads:
+            calls = max(10, min(300, round(0.03 / max(estimate(torch, w.fn), 1e-7))))
+            measure(trial, w, "CUPTI warm", lambda w=w, calls=calls: cupti(torch, w.fn, calls))
+            measure(trial, w, "gpumagic", lambda w=w: gpumagic_default(w))
+            measure(
+                trial,
+                w,
+                "torch Timer",
+                lambda w=w: float(
+                    Timer(stmt="fn()", globals={"fn": w.fn})
+                    .blocked_autorange(min_run_time=0.2)
+                    .median
+                ),
+            )
+            measure(trial, w, "%timeit", lambda w=w: timeit(w))
+            if w.graph:
+                measure(trial, w, "gpumagic --graph", lambda w=w: gpumagic_graph(w))
+            if w.cold:
+                measure(
+                    trial,
+                    w,
+                    "CUPTI cold",
+                    lambda w=w, calls=calls: cupti(torch, w.fn, min(calls, 100), flush),
+                )
+                measure(
+                    trial,
+                    w,
+                    "do_bench",
+                    lambda w=w: triton.testing.do_bench(w.fn, return_mode="median") * 1e-3,
+                )
+                measure(
+                    trial,
+                    w,
+                    "gpumagic --cold",
+                    lambda w=w: float(cudatime("--cold --budget 0.5", w.fn).median),
+                )
+        print(f"trial {trial + 1}/{args.trials} done at {time.perf_counter() - started:.0f} s")
+
+    for w in workloads:
+        r = cudatime("--kernels --sync-check", w.fn)
+        extra[w.name] = {
+            "verdict": r.verdict,
+            "busy": r.busy_fraction,
+            "syncs_per_loop": r.syncs_per_loop,
+            "sync_ops": [s.op for s in r.sync_sites],
+            "host_time": r.host_time,
+            "kernel_time": r.kernel_time,
+            "wall_max": max(walls.get(w.name, [float("nan")])),
+        }
+        records.append({"bench": "timing", "kind": "checks", "workload": w.name, **extra[w.name]})
+
+    rows, summary = table(workloads, results, extra)
+    targets = check_targets(workloads, results, extra, summary)
+    records.extend(summary)
+    records.extend(targets)
+    if args.json:
+        with open(args.json, "a") as out:
+            for record in records:
+                out.write(json.dumps(record) + "\n")
+    print(
+        f"\n%cudatime benchmark on {env['device']} | torch {env['torch']} | CUDA {env['cuda']}"
+        f" | triton {env['triton']} | IPython {env['ipython']} | {env['date']}"
+        f" | {args.trials} interleaved trials | total {time.perf_counter() - started:.0f} s\n"
+    )
+    print("\n".join(target_lines(targets)))
+    print()
+    print("\n".join(rows))
+    return 0
+
+
+def ratio_stats(values: list[float], refs: list[float]) -> tuple[float, float] | None:
+    ratios = [
+        v / r
+        for v, r in zip(values, refs, strict=False)
+        if not (math.isnan(v) or math.isnan(r)) and r > 0
+    ]
+    if not ratios:
+        return None
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return statistics.median(ratios), (q[2] - q[0]) / 2
+
+
+def table(
+    workloads: list[Workload],
+    results: dict[tuple[str, str], list[float]],
+    extra: dict[str, dict[str, Any]],
+) -> tuple[list[str], list[dict[str, Any]]]:
+    header = (
+        "| workload | CUPTI warm | gpumagic | torch Timer | %timeit | gpumagic --graph "
+        "| CUPTI cold | do_bench | gpumagic --cold | verdict (--kernels) | default run |"
+    )
+    rows = [header, "| " + " | ".join(["---"] * (header.count("|") - 1)) + " |"]
+    summary = []
+    for w in workloads:
+        warm = results.get((w.name, "CUPTI warm"), [])
+        cold = results.get((w.name, "CUPTI cold"), [])
+        cells = [w.name, f"{statistics.median(warm) * 1e6:.1f} µs" if warm else "n/a"]
+        record: dict[str, Any] = {
+            "bench": "timing",
+            "kind": "summary",
+            "workload": w.name,
+            "cupti_warm_s": statistics.median(warm) if warm else None,
+            "cupti_cold_s": statistics.median(cold) if cold else None,
+        }
+        for method in ("gpumagic", "torch Timer", "%timeit", "gpumagic --graph"):
+            stats = ratio_stats(results.get((w.name, method), []), warm)
+            cells.append(f"{stats[0]:.3f} ±{stats[1]:.3f}" if stats else "n/a")
+            record[method] = stats[0] if stats else None
+        cells.append(f"{statistics.median(cold) * 1e6:.1f} µs" if cold else "n/a")
+        for method in COLD:
+            stats = ratio_stats(results.get((w.name, method), []), cold)
+            cells.append(f"{stats[0]:.3f} ±{stats[1]:.3f}" if stats else "n/a")
+            record[method] = stats[0] if stats else None
+        checks = extra.get(w.name, {})
+        cells.append(str(checks.get("verdict", "")))
+        cells.append(f"{checks.get('wall_max', float('nan')):.2f} s")
+        rows.append("| " + " | ".join(cells) + " |")
+        summary.append(record)
+    return rows, summary
+
+
+def check_targets(
+    workloads: list[Workload],
+    results: dict[tuple[str, str], list[float]],
+    extra: dict[str, dict[str, Any]],
+    summary: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    by_name = {short(s["workload"]): s for s in summary}
+    names = {short(w.name): w.name for w in workloads}
+    targets = []
+    for name in GPU_BOUND:
+        ratio = by_name.get(name, {}).get("gpumagic")
+        targets.append(
+            {
+                "target": f"{name}: gpumagic within 1 % of CUPTI",
+                "measured": f"{ratio:.4f}" if ratio else "n/a",
+                "met": bool(ratio and abs(ratio - 1) <= 0.01),
+            }
+        )
+    tiny = names["tiny add 4 KB"]
+    graph = results.get((tiny, "gpumagic --graph"), [])
+    warm = results.get((tiny, "CUPTI warm"), [])
+    diffs = [
+        g - r for g, r in zip(graph, warm, strict=False) if not (math.isnan(g) or math.isnan(r))
+    ]
+    diff = statistics.median(diffs) if diffs else float("nan")
+    targets.append(
+        {
+            "target": "tiny op under --graph within 0.5 µs of its kernel time",
+            "measured": f"{diff * 1e6:+.2f} µs",
+            "met": bool(diffs and abs(diff) <= 0.5e-6),
+        }
+    )
+    for name in LAUNCH_BOUND:
+        verdict = extra.get(names[name], {}).get("verdict", "")
+        targets.append(
+            {
+                "target": f"{name} labelled launch-bound",
+                "measured": verdict,
+                "met": verdict.startswith("launch/CPU-bound"),
+            }
+        )
+    item = extra.get(names["hidden .item()"], {})
+    syncs = item.get("syncs_per_loop") or 0
+    targets.append(
+        {
+            "target": "hidden .item() found by --sync-check",
+            "measured": f"{syncs:g} per loop: {', '.join(item.get('sync_ops', []))}",
+            "met": syncs >= 1 and "Tensor.item" in item.get("sync_ops", []),
+        }
+    )
+    wall = max((e.get("wall_max", 0.0) for e in extra.values()), default=float("nan"))
+    targets.append(
+        {
+            "target": "each default run done in <= 2 s",
+            "measured": f"slowest {wall:.2f} s",
+            "met": wall <= 2.0,
+        }
+    )
+    for t in targets:
+        t.update(bench="timing", kind="target")
+    return targets
+
+
+def target_lines(targets: list[dict[str, Any]]) -> list[str]:
+    lines = ["| target | measured | met |", "| --- | --- | --- |"]
+    lines += [
+        f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |" for t in targets
+    ]
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
