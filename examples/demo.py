@@ -21,6 +21,18 @@ HERE = Path(__file__).parent
 # Each demo step: a title and the IPython cells it runs. Features add theirs here.
 CELLS: list[tuple[str, list[str]]] = [
     ("Load the extension", ["%load_ext gpumagic"]),
+    (
+        "GPU memory: %gpumem and %%gpumem",
+        [
+            "%gpumem",
+            "import torch\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'",
+            "%%gpumem --trace\n"
+            "weights = torch.randn(1024, 1024, device=device)\n"
+            "scratch = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)\n"
+            "del scratch",
+            "%gpumem --top 5",
+        ],
+    ),
 ]
 
 

@@ -910,6 +910,13 @@ class CellMeter:
         return tuple(PeakReset(d, self.label, before) for d, before in self._resets.items())
 
 
+def _is_python_frame(frame: Mapping[str, Any]) -> bool:
+    filename = str(frame.get("filename", ""))
+    return filename.endswith((".py", ".pyw", ".ipy")) or (
+        filename.startswith("<") and filename.endswith(">")
+    )
+
+
 def group_live_blocks(
     segments: Iterable[Mapping[str, Any]],
     *,
@@ -935,7 +942,9 @@ def group_live_blocks(
         if devices is not None and device not in devices:
             continue
         for block in segment.get("blocks", ()):
-            frames = block.get("frames") or ()
+            # C++ frames are there when the user records with stacks="all"; the
+            # line to charge is a Python one.
+            frames = [f for f in block.get("frames") or () if _is_python_frame(f)]
             if block.get("state") != "active_allocated" or not frames:
                 continue
             files = [str(f.get("filename", "")) for f in frames]
@@ -1284,7 +1293,10 @@ def _trace_lines(trace: Sequence[TraceLine]) -> list[str]:
         rest = trace[20:]
         lines.append(f"  {format_bytes(sum(t.nbytes for t in rest)):>10}  {len(rest)} more lines")
     total = sum(t.nbytes for t in trace)
-    lines.append(f"  {format_bytes(total):>10}  in all ({sum(t.blocks for t in trace)} blocks)")
+    blocks = sum(t.blocks for t in trace)
+    lines.append(
+        f"  {format_bytes(total):>10}  in all ({blocks} block{'' if blocks == 1 else 's'})"
+    )
     return lines
 
 
