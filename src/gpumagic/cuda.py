@@ -648,8 +648,9 @@ def visible_device_total() -> int:
 
 def synchronize_each(devices: tuple[int, ...]) -> None:
     """Wait for all streams of each device in ``devices`` (a device sync per device:
-    ``torch.cuda.synchronize()`` covers the current device only)."""
-    torch = torch_module()
+    ``torch.cuda.synchronize()`` covers the current device only). Only call it once
+    torch has initialised CUDA."""
+    torch = sys.modules["torch"]
     native = torch._C
     if len(devices) == 1 and devices[0] == native._cuda_getDevice():
         native._cuda_synchronize()
@@ -661,10 +662,9 @@ def synchronize_each(devices: tuple[int, ...]) -> None:
 
 def stream_is_capturing() -> bool:
     """Whether the current stream is capturing a CUDA graph (a synchronize would break
-    the capture). ``False`` without a context."""
-    if not is_initialized():
-        return False
-    return bool(torch_module()._C._cuda_isCurrentStreamCapturing())
+    the capture). ``False`` without a context (torch's call creates none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch._C._cuda_isCurrentStreamCapturing())
 
 
 def record_timing_event() -> Any:

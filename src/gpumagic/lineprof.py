@@ -294,10 +294,11 @@ class _BoundaryHook:
                     start_event = end_event = self._record_event()
             if self.memory:
                 marks = {d: self._marks(d) for d in self.devices}
-            if state is not None:
-                self._close_cuda(state, end_event, marks)
-            if len(self.pending) >= _DRAIN_EVERY:
-                self._drain(wait=False)
+            if self.gpu or self.memory:
+                if state is not None:
+                    self._close_cuda(state, end_event, marks)
+                if len(self.pending) >= _DRAIN_EVERY:
+                    self._drain(wait=False)
         except Exception as exc:  # a CUDA error must not break the user's code
             self._fail(exc)
         return waited, start_event, marks
