@@ -1,0 +1,69 @@
+"""Free when unused: a suite that asks for no CUDA feature never imports torch.
+
+Run on the real machine (no fakes), in a fresh process each: on the GPU machine this
+also shows that discovery for the header and the skip checks import no torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
+
+CHECKING_CONFTEST = """
+import sys
+
+def pytest_sessionfinish(session):
+    print("\\nTORCH IMPORTED:", "torch" in sys.modules)
+"""
+
+CPU_ONLY = """
+import sys
+
+import pytest
+
+@pytest.mark.parametrize("i", range(20))
+def test_cpu(i):
+    assert "torch" not in sys.modules
+
+def test_fixture_free(tmp_path):
+    assert "torch" not in sys.modules
+"""
+
+
+def test_a_cpu_suite_imports_no_torch(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CHECKING_CONFTEST)
+    pytester.makepyfile(CPU_ONLY)
+    result = pytester.runpytest_subprocess("-s")
+    result.assert_outcomes(passed=21)
+    result.stdout.fnmatch_lines(["cuda: *", "*TORCH IMPORTED: False"])
+
+
+def test_options_and_xdist_import_no_torch(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CHECKING_CONFTEST)
+    pytester.makepyfile(CPU_ONLY)
+    result = pytester.runpytest_subprocess("-s", "-n", "2", "--cuda-devices=all", "--cuda-require")
+    result.assert_outcomes(passed=21)
+
+
+def test_skip_checks_import_no_torch(pytester: pytest.Pytester) -> None:
+    """Marked tests are checked by discovery alone (they skip here without a GPU)."""
+    pytester.makeconftest(CHECKING_CONFTEST)
+    pytester.makepyfile(
+        """
+        import sys
+
+        import pytest
+
+        @pytest.mark.cuda(min_devices=64, min_memory="1TiB", min_capability=(99, 0))
+        def test_impossible():
+            pass
+
+        def test_after():
+            assert "torch" not in sys.modules
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*TORCH IMPORTED: False"])
