@@ -33,6 +33,19 @@ CELLS: list[tuple[str, list[str]]] = [
             "%gpumem --top 5",
         ],
     ),
+    (
+        "Line profiling with the GPU work on the line that launched it: %lprun",
+        [
+            "import torch\n\n"
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "a = torch.randn(2048, 2048, device=device)\n"
+            "b = torch.randn(2048, 2048, device=device)\n\n"
+            "def step(a, b):\n"
+            "    c = a @ b\n"
+            "    return c.sum().item()",
+            "%lprun -f step --gpu --memory step(a, b)",
+        ],
+    ),
 ]
 
 

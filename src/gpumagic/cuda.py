@@ -699,8 +699,13 @@ def get_sync_debug_mode() -> int:
 
 
 def set_sync_debug_mode(mode: int) -> None:
-    """Set torch's sync debug mode; only call it once CUDA is initialised."""
-    torch_module()._C._cuda_set_sync_debug_mode(mode)
+    """Set torch's sync debug mode; only call it once CUDA is initialised. torch's
+    "prototype feature" warning on switching it is not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch_module()._C._cuda_set_sync_debug_mode(mode)
 
 
 # ---------------------------------------------------------------------------

@@ -63,6 +63,15 @@ def cell(shell: InteractiveShell, source: str) -> None:
 
 
 @pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process has no CUDA context, as far as %lprun can tell (on the GPU machine
+    earlier tests may have created one)."""
+    from gpumagic import cuda
+
+    monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
+
+
+@pytest.fixture
 def dev(monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell) -> FakeDevice:
     device = FakeDevice().install(monkeypatch)
     shell.user_ns["dev"] = device
@@ -97,6 +106,7 @@ def test_help_names_every_option(shell: InteractiveShell) -> None:
 # -- output -----------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_table_is_line_profilers_without_cuda(shell: InteractiveShell) -> None:
     cell(
         shell,
@@ -121,6 +131,7 @@ def test_table_is_line_profilers_without_cuda(shell: InteractiveShell) -> None:
     assert "File: <ipython-input-" in run.text  # functions defined in cells
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_layout_matches_line_profilers_own_magic(shell: InteractiveShell) -> None:
     """Same header and columns as line_profiler 5's %lprun (its pager output)."""
     from IPython.core.interactiveshell import InteractiveShell as Shell
@@ -298,11 +309,12 @@ def test_nn_module_profiles_forward(shell: InteractiveShell) -> None:
         net = Net()
         """,
     )
+    initialized = torch.cuda.is_initialized()
     run = Run(shell, "%lprun -f net net(torch.ones(3))")
     assert run.result.success
     assert run.table("Net.forward")["y = x * 2"][0] == "1"
     assert "net is an nn.Module: profiling its forward()." in run.text
-    assert torch.cuda.is_initialized() is False
+    assert torch.cuda.is_initialized() is initialized  # CPU work creates no context
 
 
 def test_torch_compiled_function_is_one_opaque_line(shell: InteractiveShell) -> None:
@@ -437,6 +449,7 @@ def test_gpu_and_memory_columns(shell: InteractiveShell, dev: FakeDevice) -> Non
     assert dev.debug_mode == 0
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_gpu_without_cuda_says_so(shell: InteractiveShell) -> None:
     cell(shell, "def plain():\n    return 1\n")
     run = Run(shell, "%lprun -f plain --gpu --memory plain()")
