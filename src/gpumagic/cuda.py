@@ -1159,3 +1159,84 @@ def cuda_error_hint(exc: BaseException) -> str | None:
             "this process; restart the kernel."
         )
     return hint
+
+
+# ---------------------------------------------------------------------------
+# Leak checks (issue 6, pytest_cuda.leaks): releasing the memory that libraries keep by
+# design, so that only code's own leftovers remain in the allocator. None of these
+# creates a CUDA context: each does nothing before torch has initialised CUDA.
+
+
+def release_blas_workspaces() -> bool:
+    """Free torch's cuBLAS and cuBLASLt workspaces (32 MiB per handle and stream on
+    Hopper); the next matmul takes new ones from the caching allocator.
+
+    ``False`` when there is nothing to call (CUDA not initialised, or a torch without
+    ``torch._C._cuda_clearCublasWorkspaces``).
+    """
+    if not is_initialized():
+        return False
+    clear = getattr(torch_module()._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is None:
+        return False
+    clear()
+    return True
+
+
+def clear_fft_plan_caches(devices: Iterable[int]) -> bool:
+    """Empty the cuFFT plan cache of each of ``devices`` that holds plans; ``True`` if
+    one did."""
+    if not is_initialized():
+        return False
+    torch = torch_module()
+    size = getattr(torch, "_cufft_get_plan_cache_size", None)
+    clear = getattr(torch, "_cufft_clear_plan_cache", None)
+    if size is None or clear is None:
+        return False
+    cleared = False
+    for device in devices:
+        if size(device):
+            clear(device)
+            cleared = True
+    return cleared
+
+
+def release_cached_blocks(devices: Iterable[int]) -> None:
+    """Wait for all work on ``devices``, then return cached blocks to the driver.
+
+    ``empty_cache`` also completes the frees that waited for other streams
+    (``Tensor.record_stream``), which the allocated-bytes counter still holds. Only pass
+    devices that hold allocations: synchronising a device creates its context.
+    """
+    if not is_initialized():
+        return
+    torch = torch_module()
+    for device in devices:
+        torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+
+
+def reset_compile_caches() -> bool:
+    """``torch._dynamo.reset()`` when torch.compile has been used in this process: it
+    drops compiled graphs and the constants they hold (later calls compile again).
+    ``False`` when torch._dynamo was never imported."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return False
+    dynamo.reset()
+    return True
+
+
+def on_cuda_init(callback: Callable[[], object]) -> bool:
+    """Run ``callback`` as soon as torch initialises CUDA (at once if it has).
+
+    ``callback`` runs inside torch's lazy initialisation, where an exception would fail
+    the user's first CUDA call: it must not raise. ``False`` when torch is not imported
+    (nothing can be queued; this never imports it).
+    """
+    torch = sys.modules.get("torch")
+    lazy_call = getattr(getattr(torch, "cuda", None), "_lazy_call", None)
+    if lazy_call is None:
+        return False
+    lazy_call(callback)
+    return True

@@ -1,0 +1,665 @@
+"""CUDA memory leak arithmetic: what a test left allocated, after settling, and where.
+
+The pure core of pytest_cuda's leak checks (issue 6). It never imports pytest and
+touches CUDA only through :mod:`gpumagic.cuda`:
+
+* **Readings** are this process's caching-allocator bytes per device
+  (:class:`CudaMemory`), never driver-wide numbers, so other processes on the GPU
+  (pytest-xdist workers, a notebook) cannot move them.
+* **Settling** (:func:`settle`) runs the cheap-first ladder of :class:`SettleStep` s:
+  garbage collection, then the memory libraries keep by design (cuBLAS/cuBLASLt
+  workspaces, cuFFT plans, blocks waiting on other streams, torch.compile caches), then
+  a second look; it re-measures after each step and stops as soon as nothing is over
+  the tolerance.
+* **Attribution** diffs two allocator snapshots taken with allocation-stack recording
+  on (:func:`new_blocks`) and groups the blocks still alive by the user frames of their
+  allocating stack, largest first (:func:`group_by_stack`).
+* **Text**: :meth:`LeakResult.summary` (one line) and :meth:`LeakResult.details`.
+
+:func:`no_cuda_leak` puts the pieces together for a block of code.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import sysconfig
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from gpumagic import cuda
+from gpumagic.devices import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = [
+    "MODES",
+    "Block",
+    "CudaLeakError",
+    "CudaLeakWarning",
+    "CudaMemory",
+    "Frame",
+    "FrameFilter",
+    "LeakResult",
+    "MemorySource",
+    "NoCudaLeak",
+    "Release",
+    "SettleStep",
+    "StackGroup",
+    "StackRecording",
+    "blocks_from_segments",
+    "group_by_stack",
+    "growth",
+    "new_blocks",
+    "no_cuda_leak",
+    "parse_leak_settings",
+    "settle",
+]
+
+Mode = Literal["fail", "warn", "off"]
+#: ``fail``: a leak fails; ``warn``: it is reported without failing; ``off``: no check.
+MODES: tuple[Mode, ...] = ("fail", "warn", "off")
+
+#: The bound on allocation-history entries when recording is ours. Recording keeps the
+#: stacks of live blocks only (``enabled="state"``); the event ring is not used here.
+HISTORY_MAX_ENTRIES = 4096
+#: At most this many stacks, and this many frames per stack, in a report.
+MAX_STACKS = 8
+MAX_FRAMES = 8
+
+Readings = Mapping[int, int]
+
+
+class CudaLeakError(AssertionError):
+    """Code left CUDA memory allocated; the message says how much, on which device, and
+    (with stack recording) which lines allocated it."""
+
+
+class CudaLeakWarning(UserWarning):
+    """A leak found by a check in ``mode="warn"``; the message is the full report."""
+
+
+# ---------------------------------------------------------------------------
+# Settings.
+
+
+def parse_leak_settings(
+    tolerance: object = 0, mode: object = "fail", *, where: str = "cuda_leak_check"
+) -> tuple[int, Mode]:
+    """``(tolerance in bytes, mode)`` from a marker's or a call's arguments.
+
+    ``tolerance`` is bytes per device (an int, or a size such as ``"4KiB"``); ``mode``
+    is one of :data:`MODES`. Raises :class:`ValueError` naming ``where`` otherwise.
+    """
+    try:
+        if isinstance(tolerance, bool) or not isinstance(tolerance, int | float | str):
+            raise ValueError(f"not a memory size: {tolerance!r}")
+        size = parse_size(tolerance)
+    except ValueError as exc:
+        raise ValueError(
+            f"{where}: tolerance must be a size in bytes >= 0 (an int or a string such "
+            f'as "4KiB"), got {tolerance!r} ({exc})'
+        ) from None
+    if mode not in MODES:
+        raise ValueError(
+            f"{where}: mode must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}"
+        )
+    return size, mode
+
+
+# ---------------------------------------------------------------------------
+# Readings and settling.
+
+
+class MemorySource(Protocol):
+    """Where readings come from, and how to settle them (a fake one in the tests)."""
+
+    def read(self) -> dict[int, int]:
+        """Allocated bytes per device; ``{}`` while CUDA is not initialised."""
+        ...
+
+    def settle_steps(self) -> Sequence[SettleStep]:
+        """The steps that release what is not a leak, cheapest and gentlest first."""
+        ...
+
+
+@dataclass(frozen=True)
+class SettleStep:
+    """One rung of the settling ladder.
+
+    ``run`` gets the devices still over the tolerance and returns whether it did
+    anything (``False``: nothing to release, so no re-measure).
+    """
+
+    name: str
+    run: Callable[[tuple[int, ...]], bool]
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one settle step gave back, in bytes per device."""
+
+    step: str
+    freed: dict[int, int]
+
+
+def growth(before: Readings, after: Readings, held: Readings | None = None) -> dict[int, int]:
+    """``after - before - held`` per device (``held``: memory known not to be the code's
+    own, such as a fixture of a wider scope set up in between). Missing readings are 0."""
+    held = held or {}
+    devices = sorted(set(before) | set(after) | set(held))
+    return {d: after.get(d, 0) - before.get(d, 0) - held.get(d, 0) for d in devices}
+
+
+def _over(current: Mapping[int, int], tolerance: int) -> dict[int, int]:
+    return {d: g for d, g in current.items() if g > tolerance}
+
+
+@dataclass(frozen=True)
+class LeakResult:
+    """The verdict of one check.
+
+    ``leaked``: bytes per device over the baseline for the devices over the tolerance
+    (empty: no leak). ``growth``: the final figure for every device read. ``released``:
+    the settle steps that ran and what each gave back. ``stacks``: the blocks still
+    alive grouped by allocating stack, ``None`` when stacks were not recorded, with
+    ``stack_note`` saying why or how to get them.
+    """
+
+    leaked: dict[int, int]
+    growth: dict[int, int]
+    tolerance: int
+    released: tuple[Release, ...] = ()
+    stacks: tuple[StackGroup, ...] | None = None
+    stack_note: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return not self.leaked
+
+    def kept_by_libraries(self) -> list[tuple[str, dict[int, int]]]:
+        """The settle steps that gave memory back, with what they freed (non-zero only)."""
+        return [(r.step, r.freed) for r in self.released if any(v > 0 for v in r.freed.values())]
+
+    def amounts(self) -> str:
+        """``"8.0 MiB on cuda:0, 512 B on cuda:1"``."""
+        return ", ".join(f"{format_bytes(b)} on cuda:{d}" for d, b in sorted(self.leaked.items()))
+
+    def top_frame(self, root: str | None = None) -> str | None:
+        """The innermost user line of the largest stack, when stacks were recorded."""
+        for group in self.stacks or ():
+            if group.frames:
+                return group.frames[0].describe(root)
+        return None
+
+    def summary(self, subject: str, root: str | None = None) -> str:
+        """One line: who leaked how much where, and the top allocating line if known."""
+        text = (
+            f"CUDA memory leak: {subject} left {self.amounts()} allocated "
+            f"(tolerance {format_bytes(self.tolerance)})"
+        )
+        top = self.top_frame(root)
+        return f"{text}, allocated at {top}" if top else text
+
+    def details(self, subject: str, root: str | None = None) -> str:
+        """The report section: amounts, how they were measured, the allocating stacks."""
+        lines = []
+        for device, amount in sorted(self.leaked.items()):
+            lines.append(
+                f"{subject} left {format_bytes(amount)} ({amount:,} B) allocated on "
+                f"cuda:{device}; tolerance {format_bytes(self.tolerance)}."
+            )
+        steps = ", ".join(r.step for r in self.released) or "no settling needed"
+        lines.append(f"Measured in this process's caching allocator after: {steps}.")
+        if self.stacks is None:
+            if self.stack_note:
+                lines.append(self.stack_note)
+            return "\n".join(lines)
+        if not self.stacks:
+            lines.append(
+                "No block allocated during the check is still alive: the growth is in "
+                "blocks allocated earlier or by allocations recorded without a stack."
+            )
+            return "\n".join(lines)
+        lines.append("Blocks still alive, by allocating stack (largest first):")
+        for group in self.stacks[:MAX_STACKS]:
+            lines.append(f"  {group.describe()}")
+            if group.frames:
+                lines.extend(f"    {frame.describe(root)}" for frame in group.frames)
+            else:
+                lines.append("    (no stack: allocated while recording was off)")
+        rest = self.stacks[MAX_STACKS:]
+        if rest:
+            size = sum(g.size for g in rest)
+            lines.append(f"  ... and {len(rest)} more stacks holding {format_bytes(size)}")
+        if self.stack_note:
+            lines.append(self.stack_note)
+        return "\n".join(lines)
+
+
+def settle(
+    before: Readings,
+    source: MemorySource,
+    tolerance: int,
+    *,
+    held: Readings | None = None,
+    after: Readings | None = None,
+) -> LeakResult:
+    """Compare ``source``'s reading with ``before``; while a device is over
+    ``tolerance``, run the next settle step and re-measure.
+
+    ``after``: a reading already taken (saves one read on the clean path). ``held``:
+    bytes per device that are not the code's own (see :func:`growth`).
+    """
+    current = dict(source.read() if after is None else after)
+    excess = growth(before, current, held)
+    released: list[Release] = []
+    for step in source.settle_steps():
+        still = _over(excess, tolerance)
+        if not still:
+            break
+        if not step.run(tuple(sorted(still))):
+            continue
+        now = source.read()
+        freed = {d: current.get(d, 0) - now.get(d, 0) for d in sorted(set(current) | set(now))}
+        released.append(Release(step.name, freed))
+        current = now
+        excess = growth(before, current, held)
+    return LeakResult(_over(excess, tolerance), excess, tolerance, tuple(released))
+
+
+def _collect_young(devices: tuple[int, ...]) -> bool:
+    gc.collect(1)
+    return True
+
+
+def _collect_all(devices: tuple[int, ...]) -> bool:
+    gc.collect()
+    return True
+
+
+def _release_cached_blocks(devices: tuple[int, ...]) -> bool:
+    cuda.release_cached_blocks(devices)
+    return True
+
+
+def _look_again(pause: float) -> Callable[[tuple[int, ...]], bool]:
+    def run(devices: tuple[int, ...]) -> bool:
+        # Another thread (a data loader, a callback) may still drop its references.
+        time.sleep(pause)
+        gc.collect()
+        cuda.release_cached_blocks(devices)
+        return True
+
+    return run
+
+
+class CudaMemory:
+    """This process's caching allocator, read and settled through :mod:`gpumagic.cuda`.
+
+    Reading costs one nested C call per device (about 8 µs) and touches nothing
+    before CUDA is initialised.
+    """
+
+    def read(self) -> dict[int, int]:
+        if not cuda.is_initialized():
+            return {}
+        return {d: cuda.allocator_stats(d).allocated for d in range(cuda.visible_device_total())}
+
+    def settle_steps(self) -> Sequence[SettleStep]:
+        return (
+            SettleStep("young garbage (gc generation 1)", _collect_young),
+            SettleStep("garbage collection", _collect_all),
+            SettleStep("cuBLAS/cuBLASLt workspaces", lambda d: cuda.release_blas_workspaces()),
+            SettleStep("cuFFT plan caches", cuda.clear_fft_plan_caches),
+            SettleStep(
+                "blocks freed on other streams (synchronize, empty_cache)",
+                _release_cached_blocks,
+            ),
+            SettleStep(
+                "torch.compile caches (torch._dynamo.reset)",
+                lambda d: cuda.reset_compile_caches(),
+            ),
+            SettleStep("a second look after 10 ms", _look_again(0.01)),
+            SettleStep("a third look after 100 ms", _look_again(0.1)),
+        )
+
+
+# ---------------------------------------------------------------------------
+# Allocation stacks.
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame of an allocating stack."""
+
+    filename: str
+    line: int
+    name: str
+
+    def describe(self, root: str | None = None) -> str:
+        return f"{_short_path(self.filename, root)}:{self.line} in {self.name}"
+
+
+def _short_path(filename: str, root: str | None) -> str:
+    if root and not filename.startswith("<"):
+        try:
+            relative = os.path.relpath(filename, root)
+        except ValueError:  # another drive on Windows
+            return filename
+        if not relative.startswith(os.pardir):
+            return relative
+    return filename
+
+
+@dataclass(frozen=True)
+class Block:
+    """A live allocator block: where, how big (``requested``: what the tensor asked for,
+    before rounding), and its allocating stack, innermost frame first."""
+
+    device: int
+    address: int
+    size: int
+    requested: int
+    frames: tuple[Frame, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, int, int, tuple[Frame, ...]]:
+        # The stack is part of the identity: a block freed and allocated again at the
+        # same address by other code is a new block.
+        return (self.device, self.address, self.size, self.frames)
+
+
+def blocks_from_segments(segments: Iterable[Mapping[str, Any]]) -> list[Block]:
+    """The allocated blocks of a ``torch.cuda.memory._snapshot()``'s ``segments``."""
+    found = []
+    for segment in segments:
+        device = int(segment.get("device", 0))
+        for block in segment.get("blocks", ()):
+            if block.get("state") != "active_allocated":
+                continue
+            frames = tuple(
+                Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
+                for f in block.get("frames") or ()
+            )
+            size = int(block.get("size", 0))
+            found.append(
+                Block(
+                    device,
+                    int(block.get("address", 0)),
+                    size,
+                    int(block.get("requested_size", size)),
+                    frames,
+                )
+            )
+    return found
+
+
+def new_blocks(before: Iterable[Block], after: Iterable[Block]) -> list[Block]:
+    """The blocks of ``after`` that were not alive in ``before``."""
+    old = {b.key for b in before}
+    return [b for b in after if b.key not in old]
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Live blocks that share an allocating stack (user frames, innermost first)."""
+
+    frames: tuple[Frame, ...]
+    size: int
+    requested: int
+    blocks: int
+    devices: tuple[int, ...]
+
+    def describe(self) -> str:
+        where = ", ".join(f"cuda:{d}" for d in self.devices)
+        count = f"{self.blocks} block" + ("s" if self.blocks != 1 else "")
+        text = f"{format_bytes(self.size)} in {count} on {where}"
+        if self.requested != self.size:
+            text += f" ({format_bytes(self.requested)} requested)"
+        return text
+
+
+class FrameFilter:
+    """Tells the user's frames from library frames (torch, the standard library, pytest,
+    pluggy, pytest_cuda and gpumagic); code in site-packages other than those counts
+    as the user's."""
+
+    def __init__(self, library_dirs: Iterable[str], stdlib_dirs: Iterable[str] = ()) -> None:
+        self._library = tuple(_as_dir(d) for d in library_dirs if d)
+        self._stdlib = tuple(_as_dir(d) for d in stdlib_dirs if d)
+
+    @classmethod
+    def default(cls) -> FrameFilter:
+        library = []
+        for name in ("torch", "pytest", "_pytest", "pluggy", "xdist", "pytest_cuda", "gpumagic"):
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None)
+            if path:
+                library.append(os.path.dirname(path))
+        paths = sysconfig.get_paths()
+        return cls(library, {paths["stdlib"], paths["platstdlib"]})
+
+    def is_user(self, filename: str) -> bool:
+        if filename.startswith(("<frozen", "<eval_with_key")):
+            return False
+        path = _as_dir(filename)
+        if path.startswith(self._library):
+            return False
+        if path.startswith(self._stdlib):
+            parts = path.split(os.sep)
+            return "site-packages" in parts or "dist-packages" in parts
+        return True
+
+
+def _cut(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> tuple[Frame, ...]:
+    if outermost is None:
+        return frames
+    filename, name = outermost
+    wanted = _as_dir(filename)
+    for i, frame in enumerate(frames):
+        if frame.name == name and _as_dir(frame.filename) == wanted:
+            return frames[: i + 1]
+    return frames
+
+
+def _as_dir(path: str) -> str:
+    if path.startswith("<"):
+        return path
+    return os.path.normcase(os.path.abspath(path)).rstrip(os.sep) + os.sep
+
+
+def group_by_stack(
+    blocks: Iterable[Block],
+    is_user: Callable[[str], bool],
+    max_frames: int = MAX_FRAMES,
+    outermost: tuple[str, str] | None = None,
+) -> tuple[StackGroup, ...]:
+    """Group ``blocks`` by the user frames of their stacks, largest total first.
+
+    ``outermost``: ``(filename, function)`` of the frame where a stack stops being
+    interesting (the test function): the frames that called it are dropped. A stack with
+    no user frame (allocated inside a library's own thread) keeps its three innermost
+    frames, so the report still says something.
+    """
+    groups: dict[tuple[Frame, ...], list[Block]] = {}
+    for block in blocks:
+        stack = _cut(block.frames, outermost)
+        user = tuple(f for f in stack if is_user(f.filename)) or stack[:3]
+        groups.setdefault(user[:max_frames], []).append(block)
+    result = [
+        StackGroup(
+            frames=frames,
+            size=sum(b.size for b in members),
+            requested=sum(b.requested for b in members),
+            blocks=len(members),
+            devices=tuple(sorted({b.device for b in members})),
+        )
+        for frames, members in groups.items()
+    ]
+    result.sort(key=lambda g: (-g.size, -g.blocks))
+    return tuple(result)
+
+
+class StackRecording:
+    """Allocation-stack recording for leak checks: switched on only where it was off,
+    switched back off by :meth:`close`; the user's own recording is never touched."""
+
+    def __init__(self) -> None:
+        self.owned = False
+        self._closed = False
+
+    def ensure(self) -> None:
+        """Recording on now, if CUDA is initialised (it creates no context)."""
+        if not self._closed and cuda.is_initialized():
+            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES) or self.owned
+
+    def ensure_at_init(self) -> bool:
+        """Recording on now, or as soon as torch initialises CUDA; ``False`` when torch
+        is not imported, so nothing could be queued."""
+        return cuda.on_cuda_init(self._at_init)
+
+    def _at_init(self) -> None:
+        # Runs inside torch's lazy initialisation: an exception here would break the
+        # user's first CUDA call, so a failure only means no stacks.
+        if self._closed:
+            return
+        try:
+            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES) or self.owned
+        except Exception:
+            return
+
+    def live_blocks(self) -> list[Block]:
+        return blocks_from_segments(cuda.memory_snapshot_segments())
+
+    def close(self) -> None:
+        self._closed = True
+        if self.owned and cuda.is_initialized():
+            cuda.stop_memory_history()
+        self.owned = False
+
+
+def attribute(
+    before: Sequence[Block],
+    recording: StackRecording,
+    devices: Iterable[int],
+    outermost: tuple[str, str] | None = None,
+) -> tuple[StackGroup, ...]:
+    """The stacks of the blocks alive now on ``devices`` that ``before`` did not have
+    (``outermost``: see :func:`group_by_stack`)."""
+    wanted = set(devices)
+    after = [b for b in recording.live_blocks() if b.device in wanted]
+    return group_by_stack(
+        new_blocks(before, after), FrameFilter.default().is_user, outermost=outermost
+    )
+
+
+# ---------------------------------------------------------------------------
+# A block of code: ``with no_cuda_leak(): ...``.
+
+
+@dataclass
+class NoCudaLeak:
+    """The context manager behind :func:`no_cuda_leak`; after the block, ``result`` holds
+    the :class:`LeakResult` (``None`` when the block raised)."""
+
+    tolerance: int = 0
+    mode: Mode = "fail"
+    trace: bool = True
+    source: MemorySource = field(default_factory=CudaMemory)
+    result: LeakResult | None = field(default=None, init=False)
+    _before: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _before_blocks: list[Block] = field(default_factory=list, init=False, repr=False)
+    _recording: StackRecording | None = field(default=None, init=False, repr=False)
+    _where: str = field(default="the block", init=False, repr=False)
+    _caller: tuple[str, str] | None = field(default=None, init=False, repr=False)
+
+    def __enter__(self) -> NoCudaLeak:
+        caller = sys._getframe(1)
+        self._caller = (caller.f_code.co_filename, caller.f_code.co_name)
+        self._where = (
+            f"the block at {_short_path(caller.f_code.co_filename, os.getcwd())}:{caller.f_lineno}"
+        )
+        self.result = None
+        if self.mode == "off":
+            return self
+        if self.trace:
+            self._recording = StackRecording()
+            if cuda.is_initialized():
+                self._recording.ensure()
+            else:
+                self._recording.ensure_at_init()
+        self._before = self.source.read()
+        if self._recording is not None and any(self._before.values()):
+            self._before_blocks = self._recording.live_blocks()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        __tracebackhide__ = True  # pytest shows the ``with`` line, not this method
+        if self.mode == "off":
+            return False
+        try:
+            if exc is not None:
+                # Its frames still hold the block's locals: any figure would be wrong.
+                exc.add_note(f"no_cuda_leak: {self._where} raised, so it was not checked")
+                return False
+            result = settle(self._before, self.source, self.tolerance)
+            if not result.clean:
+                result = self._with_stacks(result)
+            self.result = result
+        finally:
+            if self._recording is not None:
+                self._recording.close()
+        if result.clean:
+            return False
+        root = os.getcwd()
+        text = f"{result.summary(self._where, root)}\n{result.details(self._where, root)}"
+        if self.mode == "fail":
+            raise CudaLeakError(text)
+        warnings.warn(CudaLeakWarning(text), stacklevel=2)
+        return False
+
+    def _with_stacks(self, result: LeakResult) -> LeakResult:
+        if self._recording is None:
+            return replace(
+                result,
+                stack_note="Stacks not recorded: no_cuda_leak(trace=True) names the lines "
+                "that allocated these blocks.",
+            )
+        if not cuda.memory_history_enabled():
+            return replace(
+                result,
+                stack_note="Stacks not recorded: CUDA was first used inside the block "
+                "before torch was imported; import torch before the block.",
+            )
+        stacks = attribute(self._before_blocks, self._recording, result.leaked, self._caller)
+        return replace(result, stacks=stacks)
+
+
+def no_cuda_leak(
+    tolerance: int | str = 0, *, mode: Mode = "fail", trace: bool = True
+) -> NoCudaLeak:
+    """Check that a block of code leaves no CUDA memory allocated.
+
+    ``with no_cuda_leak(): ...`` measures this process's caching allocator on every
+    device before and after the block (after garbage collection and after releasing
+    what libraries keep by design: cuBLAS/cuBLASLt workspaces, cuFFT plans, blocks
+    waiting on other streams, torch.compile caches). Growth above ``tolerance`` bytes
+    per device (an int or a size like ``"4KiB"``) raises :class:`CudaLeakError`
+    (``mode="warn"``: a :class:`CudaLeakWarning`) naming the amounts and, with
+    ``trace`` (recording allocation stacks for the block: about 2 µs per CUDA
+    allocation), the lines that allocated the blocks still alive. A block that raises
+    is not checked. Without CUDA it checks nothing. Also a pytest fixture.
+    """
+    size, checked = parse_leak_settings(tolerance, mode, where="no_cuda_leak")
+    return NoCudaLeak(tolerance=size, mode=checked, trace=trace)
