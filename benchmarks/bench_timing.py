@@ -47,6 +47,7 @@ COLD = ("do_bench", "gpumagic --cold")
 GPU_BOUND = ("spin 1 ms", "copy 4x L2", "bf16 mm 4096", "side-stream mm")
 LAUNCH_BOUND = ("tiny add 4 KB", "50-op loop")
 FLUSH_KERNEL = "FillFunctor<int>"
+SUSTAIN = 0.3  # seconds of load before each CUPTI reference window
 
 
 @dataclass
@@ -100,6 +101,14 @@ def short(name: str) -> str:
     return name.split(" (", maxsplit=1)[0]
 
 
+def sm_clock(torch: Any) -> float:
+    """The SM clock now, in MHz (NVML through torch), or nan."""
+    try:
+        return float(torch.cuda.clock_rate(0))
+    except Exception:  # NVML missing or not permitted: the clock is only context
+        return float("nan")
+
+
 def calibrate_spin(torch: Any) -> float:
     torch.cuda._sleep(100_000)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -113,9 +122,11 @@ def calibrate_spin(torch: Any) -> float:
     return statistics.median(rates)
 
 
-def device_seconds(torch: Any, prof: Any, exclude: str | None = None) -> tuple[float, int]:
-    """Summed device time of kernels/copies/memsets, and how many were left out."""
+def device_seconds(torch: Any, prof: Any, exclude: str | None = None) -> tuple[float, float, int]:
+    """Summed device time of kernels/copies/memsets, their span (first start to last
+    end), and how many were left out."""
     total, left_out = 0.0, 0
+    starts, ends = [], []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -125,7 +136,10 @@ def device_seconds(torch: Any, prof: Any, exclude: str | None = None) -> tuple[f
             left_out += 1
             continue
         total += e.time_range.end - e.time_range.start
-    return total * 1e-6, left_out
+        starts.append(e.time_range.start)
+        ends.append(e.time_range.end)
+    span = (max(ends) - min(starts)) * 1e-6 if starts else 0.0
+    return total * 1e-6, span, left_out
 
 
 def estimate(torch: Any, fn: Callable[[], object]) -> float:
@@ -139,8 +153,11 @@ def estimate(torch: Any, fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t0) / 5
 
 
-def cupti(torch: Any, fn: Callable[[], object], calls: int, flush: Any = None) -> float:
-    """CUPTI time per call: back to back (warm), or each after an L2 flush (cold)."""
+def cupti(
+    torch: Any, fn: Callable[[], object], calls: int, flush: Any = None
+) -> tuple[float, float]:
+    """CUPTI kernel time per call, back to back (warm) or each after an L2 flush (cold);
+    and the span of the calls' device work per call (kernel time plus the gaps)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     def one() -> None:
@@ -149,9 +166,13 @@ def cupti(torch: Any, fn: Callable[[], object], calls: int, flush: Any = None) -
         fn()
 
     with profile(
-        activities=[ProfilerActivity.CUDA], schedule=schedule(wait=0, warmup=1, active=1)
+        activities=[ProfilerActivity.CUDA],
+        schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
     ) as prof:
-        for _ in range(2):
+        # Sustained load first (its records are dropped), so the reference sees the GPU
+        # in the clock state that the timers' own runs of 0.2 s to 1 s see.
+        until = time.perf_counter() + SUSTAIN
+        while time.perf_counter() < until:
             one()
         torch.cuda.synchronize()
         prof.step()
@@ -159,10 +180,14 @@ def cupti(torch: Any, fn: Callable[[], object], calls: int, flush: Any = None) -
             one()
         torch.cuda.synchronize()
         prof.step()
-    seconds, left_out = device_seconds(torch, prof, FLUSH_KERNEL if flush is not None else None)
+    seconds, span, left_out = device_seconds(
+        torch, prof, FLUSH_KERNEL if flush is not None else None
+    )
     if flush is not None and left_out != calls:
         raise RuntimeError(f"found {left_out} flush kernels for {calls} calls")
-    return seconds / calls
+    if seconds == 0:
+        raise RuntimeError("CUPTI recorded no device activity")
+    return seconds / calls, span / calls
 
 
 def main() -> int:
@@ -207,6 +232,7 @@ def main() -> int:
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
     flush = torch.empty(max(2 * l2, 256 << 20) // 4, dtype=torch.int32, device="cuda")
     results: dict[tuple[str, str], list[float]] = {}
+    clocks: dict[tuple[str, str], list[float]] = {}
     walls: dict[str, list[float]] = {}
     extra: dict[str, dict[str, Any]] = {}
 
@@ -222,12 +248,15 @@ def main() -> int:
             print(f"  {w.name} / {method}: {type(exc).__name__}: {exc}", file=sys.stderr)
         torch.cuda.synchronize()
         results.setdefault((w.name, method), []).append(seconds)
+        clock = sm_clock(torch)
+        clocks.setdefault((w.name, method), []).append(clock)
         record = {
             "bench": "timing",
             "trial": trial,
             "workload": w.name,
             "method": method,
             "seconds": seconds,
+            "sm_clock_mhz_after": clock,
         }
         records.append(record)
 
@@ -251,7 +280,17 @@ def main() -> int:
     for trial in range(args.trials):
         for w in workloads:
             calls = max(10, min(300, round(0.03 / max(estimate(torch, w.fn), 1e-7))))
-            measure(trial, w, "CUPTI warm", lambda w=w, calls=calls: cupti(torch, w.fn, calls))
+            spans: list[float] = []
+
+            def warm_reference(
+                w: Workload = w, calls: int = calls, spans: list[float] = spans
+            ) -> float:
+                busy, span = cupti(torch, w.fn, calls)
+                spans.append(span)
+                return busy
+
+            measure(trial, w, "CUPTI warm", warm_reference)
+            results.setdefault((w.name, "CUPTI span"), []).append(spans[0] if spans else math.nan)
             measure(trial, w, "gpumagic", lambda w=w: gpumagic_default(w))
             measure(
                 trial,
@@ -271,7 +310,7 @@ def main() -> int:
                     trial,
                     w,
                     "CUPTI cold",
-                    lambda w=w, calls=calls: cupti(torch, w.fn, min(calls, 100), flush),
+                    lambda w=w, calls=calls: cupti(torch, w.fn, min(calls, 100), flush)[0],
                 )
                 measure(
                     trial,
@@ -300,7 +339,7 @@ def main() -> int:
         }
         records.append({"bench": "timing", "kind": "checks", "workload": w.name, **extra[w.name]})
 
-    rows, summary = table(workloads, results, extra)
+    rows, summary = table(workloads, results, extra, clocks)
     targets = check_targets(workloads, results, extra, summary)
     records.extend(summary)
     records.extend(targets)
@@ -331,20 +370,29 @@ def ratio_stats(values: list[float], refs: list[float]) -> tuple[float, float] |
     return statistics.median(ratios), (q[2] - q[0]) / 2
 
 
+def median_clock(clocks: dict[tuple[str, str], list[float]], key: tuple[str, str]) -> float:
+    seen = [c for c in clocks.get(key, []) if not math.isnan(c)]
+    return statistics.median(seen) if seen else float("nan")
+
+
 def table(
     workloads: list[Workload],
     results: dict[tuple[str, str], list[float]],
     extra: dict[str, dict[str, Any]],
+    clocks: dict[tuple[str, str], list[float]] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     header = (
-        "| workload | CUPTI warm | gpumagic | torch Timer | %timeit | gpumagic --graph "
-        "| CUPTI cold | do_bench | gpumagic --cold | verdict (--kernels) | default run |"
+        "| workload | CUPTI warm | gpumagic | gpumagic / CUPTI span | torch Timer | %timeit "
+        "| gpumagic --graph "
+        "| CUPTI cold | do_bench | gpumagic --cold | verdict (--kernels) | default run "
+        "| SM MHz after CUPTI / gpumagic |"
     )
     rows = [header, "| " + " | ".join(["---"] * (header.count("|") - 1)) + " |"]
     summary = []
     for w in workloads:
         warm = results.get((w.name, "CUPTI warm"), [])
         cold = results.get((w.name, "CUPTI cold"), [])
+        span = results.get((w.name, "CUPTI span"), [])
         cells = [w.name, f"{statistics.median(warm) * 1e6:.1f} µs" if warm else "n/a"]
         record: dict[str, Any] = {
             "bench": "timing",
@@ -352,9 +400,17 @@ def table(
             "workload": w.name,
             "cupti_warm_s": statistics.median(warm) if warm else None,
             "cupti_cold_s": statistics.median(cold) if cold else None,
+            "cupti_span_s": statistics.median(span) if span else None,
         }
-        for method in ("gpumagic", "torch Timer", "%timeit", "gpumagic --graph"):
-            stats = ratio_stats(results.get((w.name, method), []), warm)
+        for method, reference in (
+            ("gpumagic", warm),
+            ("gpumagic / CUPTI span", span),
+            ("torch Timer", warm),
+            ("%timeit", warm),
+            ("gpumagic --graph", warm),
+        ):
+            values = results.get((w.name, method.split(" / ")[0]), [])
+            stats = ratio_stats(values, reference)
             cells.append(f"{stats[0]:.3f} ±{stats[1]:.3f}" if stats else "n/a")
             record[method] = stats[0] if stats else None
         cells.append(f"{statistics.median(cold) * 1e6:.1f} µs" if cold else "n/a")
@@ -365,6 +421,11 @@ def table(
         checks = extra.get(w.name, {})
         cells.append(str(checks.get("verdict", "")))
         cells.append(f"{checks.get('wall_max', float('nan')):.2f} s")
+        ref_clock = median_clock(clocks or {}, (w.name, "CUPTI warm"))
+        our_clock = median_clock(clocks or {}, (w.name, "gpumagic"))
+        cells.append(f"{ref_clock:.0f} / {our_clock:.0f}")
+        record["sm_clock_mhz_after_cupti"] = ref_clock
+        record["sm_clock_mhz_after_gpumagic"] = our_clock
         rows.append("| " + " | ".join(cells) + " |")
         summary.append(record)
     return rows, summary

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from gpumagic import cuda
 from gpumagic.devices import parse_size
 from gpumagic.timing_result import (
+    FIRST_CALL_WARNING,
     TIMES,
     CudaTimeResult,
     KernelStat,
@@ -65,6 +66,8 @@ __all__ = [
 
 SPIN_US = 30.0  # spin kernel ahead of each run's start events
 MIN_RUNS = 7  # runs before the noise criterion may stop a measurement (as %timeit's 7)
+MIN_COLD_RUNS = 15  # single cold calls vary more: more of them before the noise stop
+DRIFT = 0.05  # warn when the first run was this much faster than the later ones
 FEWEST_RUNS = 3  # runs measured even when the budget is spent
 NOISE_TARGET = 0.01  # stop when IQR / median of the runs is below this
 COLD_NOISE_TARGET = 0.02  # single cold calls vary more
@@ -73,7 +76,7 @@ STEADY = 0.10  # two warm-up batches this close count as steady
 MAX_RESIZES = 3  # times the runs may be resized when a run is far from the target length
 NOISY = 0.10  # warn above this relative IQR
 FLOOR_FACTOR = 5  # warn when the result is within this many timing floors
-FIRST_CALL_FACTOR = 10  # warn when the first call took this many times the steady state
+FIRST_CALL_FACTOR = FIRST_CALL_WARNING  # warn when the first call took this many times longer
 GRAPH_REPLAY_TARGET = 2e-3  # GPU seconds per graph replay, for the unroll factor
 GRAPH_MAX_UNROLL = 256
 PROFILE_TARGET = 0.1  # seconds of body time under the profiler
@@ -491,7 +494,8 @@ class _Timer:
                         break
                     continue
                 values = [r.gpu if primary == "gpu" else r.host for r in runs]
-                if len(runs) >= MIN_RUNS and _rel_iqr(values) <= noise:
+                fewest = MIN_COLD_RUNS if options.cold else MIN_RUNS
+                if len(runs) >= fewest and _rel_iqr(values) <= noise:
                     break
                 if len(runs) >= FEWEST_RUNS and self.clock() + run.host > deadline:
                     break
@@ -655,8 +659,10 @@ class _Timer:
             KernelStat(name, calls / count, us * 1e-6 / count)
             for name, calls, us in profile.kernels
         ]
-        if result.host_time > 0:
-            result.busy_fraction = min(1.0, result.kernel_time / result.host_time)
+        # Busy against the wall time of the same loops: both in the same clock state.
+        wall = box["run"].host / count if box["run"].host > 0 else result.host_time
+        if wall > 0:
+            result.busy_fraction = min(1.0, result.kernel_time / wall)
         events = box["run"].gpu / count
         if self.options.validate:
             result.cupti_events_time = events
@@ -746,6 +752,15 @@ class _Timer:
                 "steady state (compilation, autotuning, cuBLAS heuristics or lazy loading); it is "
                 "not in the numbers"
             )
+        values = result.timings
+        if len(values) >= 5:
+            later = quantile(values[len(values) // 2 :], 0.5)
+            if later > 0 and (later - values[0]) / later > DRIFT:
+                warn.append(
+                    f"the first run was {(later - values[0]) / later:.0%} faster than the later "
+                    "ones: the GPU slows down under sustained load (power or thermal limits) and "
+                    "speeds up after idling; the median describes the sustained state"
+                )
         if result.floor and result.median < FLOOR_FACTOR * result.floor:
             warn.append(
                 f"the time per loop is within {FLOOR_FACTOR}{TIMES} of the timing floor "
@@ -774,7 +789,7 @@ class _Timer:
         launching = quantile([r.enqueue / r.host for r in runs if r.host > 0], 0.5)
         if launching >= 0.9:
             result.notes.append(
-                f"The host spent {launching:.0%} of the wall time launching: likely "
+                f"The host spent {launching * 100:.0f} % of the wall time launching: likely "
                 "launch/CPU-bound (the GPU waits for the host); --kernels measures how busy "
                 "the GPU was."
             )

@@ -33,6 +33,8 @@ DASH = "\u2013"  # en dash
 
 #: Relative IQR above which a result is called noisy (torch.utils.benchmark uses 10 %).
 NOISY = 0.10
+#: First call / steady state above which the engine warns about the first call.
+FIRST_CALL_WARNING = 10
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -267,7 +269,7 @@ class CudaTimeResult:
         if self.first_call is not None:
             ratio = self.first_call / self.host_time if self.host_time > 0 else math.nan
             detail = "not in the numbers above"
-            if ratio >= 2:
+            if 2 <= ratio < FIRST_CALL_WARNING:  # above it, a warning says so
                 detail += f" ({ratio:,.0f}{TIMES} the steady state)"
             out.append(("first call", self._t(self.first_call), detail))
         if self.kernel_time is not None:

@@ -195,8 +195,9 @@ class FakeSeam:
         self.pending = seconds
 
     def record_event(self, device: int) -> FakeEvent:
-        if self.fixed_span:  # a perfectly steady GPU: every interval is the same
-            self.ticks += self.fixed_span
+        if self.fixed_span:  # a steady GPU: every interval is the same
+            slow = self.slow_after and self.calls > self.slow_after
+            self.ticks += self.fixed_span * (1.2 if slow else 1.0)
             return FakeEvent(self.ticks)
         # Work left on another stream ends after the current stream's end event: the
         # event recorded after the synchronize sees it.
@@ -252,6 +253,7 @@ class FakeSeam:
 
     calls: int = 0
     fixed_span: float = 0.0
+    slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
     ticks: float = 0.0
 
 
@@ -438,6 +440,16 @@ def test_noise_stop_ends_a_steady_measurement_early(seam: FakeSeam) -> None:
     assert result.repeat == timing.MIN_RUNS
     assert result.iqr == 0
     assert time.perf_counter() - started < 10
+
+
+def test_a_gpu_that_slows_down_under_load_is_pointed_out(seam: FakeSeam) -> None:
+    seam.fixed_span = 1e-3
+    seam.slow_after = 12  # first call, sizing call, then the first run of 10 is fast
+    result = time_cuda(counting(seam, 1e-6), TimingOptions(loops=10, repeat=8, warmup=0))
+    assert result.timings[0] < result.timings[-1]
+    assert any(w.startswith("the first run was 17% faster than the later") for w in result.warnings)
+    steady = time_cuda(counting(seam, 1e-6), TimingOptions(loops=10, repeat=8, warmup=0))
+    assert not any("first run" in w for w in steady.warnings)
 
 
 def test_floor_warning_for_a_tiny_body(seam: FakeSeam) -> None:
