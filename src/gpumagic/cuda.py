@@ -898,7 +898,6 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
         except Exception as exc:
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(device)
-            _reset_capture_state(device)
             raise GraphCaptureError(_capture_reason(exc)) from exc
         finally:
             if gc_was_enabled:
@@ -912,21 +911,6 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
         torch.cuda.synchronize(device)
     replay: Callable[[], None] = graph.replay
     return replay
-
-
-def _reset_capture_state(device: int) -> None:
-    """Undo what a failed capture leaves behind.
-
-    When ending a capture fails, torch's ``CUDAGraph::capture_end`` throws before its
-    generators' capture epilogue runs, so the CUDA RNG stays in capture mode and every
-    later random op fails ("Offset increment outside graph capture encountered
-    unexpectedly"). A trivial capture that succeeds runs the epilogue and puts it back.
-    """
-    torch = torch_module()
-    scratch = torch.cuda.CUDAGraph()
-    with contextlib.suppress(Exception), torch.cuda.graph(scratch):
-        torch.ones(1, device=device)
-    del scratch
 
 
 def _capture_reason(exc: BaseException) -> str:
@@ -964,8 +948,6 @@ def profile_kernels(
     profiler session can lose the first activities). With ``flushes`` > 0, kernels launched
     inside :func:`flush_l2` are taken out of the figures.
     """
-    import warnings
-
     torch = torch_module()
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -973,24 +955,15 @@ def profile_kernels(
     activities = [ProfilerActivity.CUDA]
     if flushes:
         activities.append(ProfilerActivity.CPU)
-
-    def record() -> Any:
-        with profile(
-            activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)
-        ) as prof:
-            warm()
-            synchronize(devices)
-            prof.step()
-            run()
-            synchronize(devices)
-            prof.step()
-        return prof
-
-    with warnings.catch_warnings():
-        # One cycle only: torch's note that later cycles drop this one's events does not
-        # concern us.
-        warnings.filterwarnings("ignore", message=".*Profiler clears events")
-        prof = record()
+    with profile(
+        activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)
+    ) as prof:
+        warm()
+        synchronize(devices)
+        prof.step()
+        run()
+        synchronize(devices)
+        prof.step()
     return _kernel_profile(prof.events(), torch.autograd.DeviceType, flushes)
 
 
@@ -1054,7 +1027,7 @@ class SyncEvent:
     lineno: int
 
 
-_SYNC_TEXT = "called a synchronizing CUDA operation"  # torch's warning under "warn"
+_SYNC_TEXT = "synchroniz"  # torch: "called a synchronizing CUDA operation"
 _DUNDER_OPS = {
     "__bool__": "bool(tensor)",
     "__int__": "int(tensor)",
@@ -1186,6 +1159,8 @@ def cuda_error_hint(exc: BaseException) -> str | None:
             "this process; restart the kernel."
         )
     return hint
+
+
 # ---------------------------------------------------------------------------
 # Leak checks (issue 6, pytest_cuda.leaks): releasing the memory that libraries keep by
 # design, so that only code's own leftovers remain in the allocator. None of these
@@ -1265,3 +1240,165 @@ def on_cuda_init(callback: Callable[[], object]) -> bool:
         return False
     lazy_call(callback)
     return True
+
+
+# ---------------------------------------------------------------------------
+# Debugging asynchronous CUDA errors (issue 8, pytest_cuda.sync_plugin): the post-test
+# check for an error left in the context, a dispatch mode that synchronizes after every
+# op, and torch's sync debug mode with restore. Only forbid_implicit_sync creates a
+# context (the user asked for CUDA checking); the others do nothing until torch has one.
+
+
+@dataclass(frozen=True)
+class AsyncCudaError:
+    """A CUDA error that surfaced when synchronizing, after the work that caused it."""
+
+    message: str
+    #: The context stayed unusable: a second synchronize failed as well (device-side
+    #: assert, illegal address...), so every later CUDA call in the process fails.
+    sticky: bool
+
+
+def _synchronize_error() -> str | None:
+    try:
+        synchronize_each(devices_with_context())
+    except RuntimeError as error:  # torch.AcceleratorError (torch >= 2.8) is one
+        return str(error)
+    return None
+
+
+def async_error() -> AsyncCudaError | None:
+    """Synchronize every device this process uses; the error that surfaces, if any.
+
+    The post-test health check. Returns ``None`` at once (no torch import, no CUDA
+    call) when torch has not initialised CUDA; else costs one device synchronize per
+    device with a context. A failing synchronize is tried once more: a sticky error
+    fails again, because it leaves the context unusable.
+    """
+    if not is_initialized():
+        return None
+    first = _synchronize_error()
+    if first is None:
+        return None
+    return AsyncCudaError(first, sticky=_synchronize_error() is not None)
+
+
+def torch_package_dir() -> Path | None:
+    """Where the imported torch lives (to tell its frames from the user's); no import."""
+    module = sys.modules.get("torch")
+    location = getattr(module, "__file__", None)
+    return Path(location).parent if location else None
+
+
+def _first_cuda_device(torch: Any, values: tuple[Any, ...]) -> int | None:
+    """The device index of the first CUDA tensor among ``values`` (one level of lists)."""
+    for value in values:
+        first = (value[0] if value else None) if isinstance(value, list | tuple) else value
+        if isinstance(first, torch.Tensor) and first.is_cuda:
+            return int(first.device.index)
+    return None
+
+
+@functools.cache
+def _sync_after_each_op_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch = torch_module()
+
+    class SyncAfterEachOp(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        """Synchronize the device after every op that touched a CUDA tensor."""
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            __tracebackhide__ = True
+            out = func(*args, **(kwargs or {}))
+            device = _first_cuda_device(torch, (out, *args))
+            if device is None or torch._C._cuda_isCurrentStreamCapturing():
+                return out
+            try:
+                synchronize_each((device,))
+            except RuntimeError as error:
+                error.add_note(
+                    f"pytest_cuda: raised by the synchronize right after {func} "
+                    "(per-op sync): this op queued the kernel that failed"
+                )
+                # The error belongs to the line that called the op, not to synchronize().
+                raise error.with_traceback(None) from None
+            return out
+
+    return SyncAfterEachOp
+
+
+def sync_after_each_op() -> contextlib.AbstractContextManager[Any]:
+    """A ``TorchDispatchMode``: synchronize after every torch op on a CUDA tensor.
+
+    An asynchronous error is then raised by the op that queued the failing kernel, at
+    its line, without restarting the process. Ops on CPU tensors are not synchronized,
+    nor ops inside a CUDA graph capture. Kernels launched outside torch's dispatcher
+    (Triton launched directly, CuPy, custom extensions called without an op) are not
+    seen.
+    """
+    mode: contextlib.AbstractContextManager[Any] = _sync_after_each_op_mode()()
+    return mode
+
+
+class ImplicitSyncError(RuntimeError):
+    """An implicit host-device synchronization inside :func:`forbid_implicit_sync`."""
+
+    def __init__(self, op: str | None, message: str) -> None:
+        super().__init__(message)
+        #: The torch op that synchronized (``aten._local_scalar_dense.default``), when
+        #: it went through torch's dispatcher.
+        self.op = op
+
+
+@functools.cache
+def _name_implicit_sync_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NameImplicitSync(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        """Turn torch's "called a synchronizing CUDA operation" into an error naming the op."""
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            __tracebackhide__ = True
+            try:
+                return func(*args, **(kwargs or {}))
+            except RuntimeError as error:
+                message = str(error)
+                if SYNC_WARNING_MESSAGE not in message:
+                    raise
+                raise ImplicitSyncError(str(func), message.splitlines()[0]) from None
+
+    return NameImplicitSync
+
+
+@contextlib.contextmanager
+def forbid_implicit_sync() -> Iterator[None]:
+    """Raise :class:`ImplicitSyncError` when code in the block makes the host wait.
+
+    ``torch.cuda.set_sync_debug_mode("error")`` plus a dispatch mode that names the op;
+    the previous mode is put back afterwards. Creates a CUDA context; raises
+    :class:`CudaUnavailable` without CUDA. It cannot see explicit synchronization
+    (``torch.cuda.synchronize()``, ``Event/Stream.synchronize()``) nor syncs outside
+    torch's kernels (CuPy, extensions), and torch documents the mode as a prototype
+    that misses some ops (``torch.distributed``, ``torch.sparse``). The mode is
+    process-wide: other threads are affected while the block runs.
+    """
+    import warnings
+
+    require()
+    torch = torch_module()
+    torch.cuda.init()
+    previous = get_sync_debug_mode()
+    with warnings.catch_warnings():
+        # torch warns once that the mode is a prototype; the docs say so instead.
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        set_sync_debug_mode(2)
+    try:
+        with _name_implicit_sync_mode()():
+            yield
+    finally:
+        set_sync_debug_mode(previous)

@@ -50,7 +50,7 @@ __all__ = ["cuda_requirement", "item_devices", "selected_devices"]
 
 # Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes) register
 # here: pytest loads them with this module, so ``-p no:cuda`` turns them all off.
-pytest_plugins: tuple[str, ...] = ("pytest_cuda.leak_plugin",)
+pytest_plugins: tuple[str, ...] = ("pytest_cuda.leak_plugin", "pytest_cuda.sync_plugin")
 
 ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")

@@ -1,0 +1,292 @@
+"""Sticky CUDA errors, and running the rest of a session in a fresh pytest process.
+
+After a device-side assert (or an illegal address, a launch failure...) every later
+CUDA call in the process fails with the same error: the context is "poisoned", and a
+plain pytest run blames every later CUDA test. This module holds the pure parts of the
+cure: telling a CUDA error from another failure (:func:`classify`), the command line of
+a fresh pytest process that runs the remaining tests (:func:`child_argv`), and the
+channel its results come back by (:class:`EventWriter`, :class:`ChildRun`).
+
+No pytest, no torch: the glue (hooks, report replay) is in :mod:`pytest_cuda.sync_plugin`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+__all__ = [
+    "ChildRun",
+    "CudaErrorInfo",
+    "EventWriter",
+    "Workdirs",
+    "child_argv",
+    "child_env",
+    "classify",
+    "read_nodeids",
+    "write_nodeids",
+]
+
+#: The CUDA runtime errors that leave the context unusable ("sticky" errors), by the
+#: text ``cudaGetErrorString`` gives them (CUDA Runtime API, "Error Handling").
+STICKY_ERRORS: dict[str, str] = {
+    "device-side assert triggered": "cudaErrorAssert",
+    "an illegal memory access was encountered": "cudaErrorIllegalAddress",
+    "unspecified launch failure": "cudaErrorLaunchFailure",
+    "the launch timed out and was terminated": "cudaErrorLaunchTimeout",
+    "an illegal instruction was encountered": "cudaErrorIllegalInstruction",
+    "misaligned address": "cudaErrorMisalignedAddress",
+    "operation not supported on global/shared address space": "cudaErrorInvalidAddressSpace",
+    "invalid program counter": "cudaErrorInvalidPc",
+    "hardware stack error": "cudaErrorHardwareStackError",
+    "uncorrectable ECC error encountered": "cudaErrorECCUncorrectable",
+}
+_STICKY_NAMES = frozenset(STICKY_ERRORS.values()) | {
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+}
+
+# torch (C10_CUDA_CHECK): "CUDA error: device-side assert triggered", then "Search for
+# `cudaErrorAssert' in ..."; CuPy and cuda-python: "cudaErrorIllegalAddress: an
+# illegal memory access was encountered"; the driver API (numba, cuda-python):
+# "CUDA_ERROR_ILLEGAL_ADDRESS".
+_TORCH_TEXT = re.compile(r"CUDA error: (?P<text>[^\n]+)")
+_RUNTIME_NAME = re.compile(r"\b(?P<name>cudaError[A-Z]\w*)\b(?::\s*(?P<text>[^\n]+))?")
+_DRIVER_NAME = re.compile(r"\b(?P<name>CUDA_ERROR_[A-Z_]+)\b")
+_ASYNC_HINT = "CUDA kernel errors might be asynchronously reported"
+
+
+@dataclass(frozen=True)
+class CudaErrorInfo:
+    """What kind of CUDA error an exception message reports."""
+
+    #: The error's own words: ``device-side assert triggered``.
+    text: str
+    #: The CUDA name when the message gives it or it is known: ``cudaErrorAssert``.
+    name: str | None
+    #: CUDA documents it as leaving the context unusable.
+    sticky: bool
+
+    def describe(self) -> str:
+        return f"{self.text} ({self.name})" if self.name else self.text
+
+
+def classify(message: str) -> CudaErrorInfo | None:
+    """The CUDA error reported by an exception message, ``None`` for anything else.
+
+    ``CUDA out of memory`` (torch's allocator) is not a CUDA error here: it is
+    synchronous, leaves the context usable, and CUDA_LAUNCH_BLOCKING does not help.
+    """
+    text = name = None
+    if match := _TORCH_TEXT.search(message):
+        text = match.group("text").strip()
+    if match := _RUNTIME_NAME.search(message):
+        name = match.group("name")
+        text = text or (match.group("text") or name).strip()
+    elif match := _DRIVER_NAME.search(message):
+        name = match.group("name")
+        text = text or name
+    if text is None:
+        if _ASYNC_HINT not in message:
+            return None
+        text = message.strip().splitlines()[0]
+    name = name or STICKY_ERRORS.get(text)
+    sticky = text in STICKY_ERRORS or name in _STICKY_NAMES
+    return CudaErrorInfo(text=text, name=name, sticky=sticky)
+
+
+# ---------------------------------------------------------------------------
+# The fresh process: its command line, and the test ids it runs.
+
+
+def child_argv(
+    args: Sequence[str],
+    workdir: Path,
+    *,
+    python: str = sys.executable,
+    no_xdist: bool = False,
+    cache: bool = True,
+    junitxml: bool = False,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line of a pytest process that runs some of this session's tests.
+
+    ``args`` are this session's own (``config.invocation_params.args``), so the child
+    collects the same way; the internal option in ``extra`` then narrows the run to the
+    test ids in ``workdir``. The child gets its own ``--basetemp`` (pytest would
+    otherwise clear or prune the parent's) and cache directory, runs without xdist,
+    and writes any JUnit XML of its own aside: the parent's report holds every result.
+    """
+    argv = [python, "-m", "pytest", *args]
+    argv.append(f"--basetemp={workdir / 'basetemp'}")
+    if cache:
+        argv += ["-o", f"cache_dir={workdir / 'cache'}"]
+    if no_xdist:
+        argv += ["-n", "0", "--dist", "no"]
+    if junitxml:
+        argv.append(f"--junitxml={workdir / 'junit.xml'}")
+    argv += list(extra)
+    return argv
+
+
+def write_nodeids(workdir: Path, nodeids: Iterable[str]) -> None:
+    """The test ids a child runs, in order (a file: a long list fits no command line)."""
+    (workdir / "nodeids.json").write_text(json.dumps(list(nodeids)))
+
+
+def read_nodeids(workdir: Path) -> list[str]:
+    ids = json.loads((workdir / "nodeids.json").read_text())
+    return [str(nodeid) for nodeid in ids]
+
+
+# ---------------------------------------------------------------------------
+# The channel: the child appends one JSON object per line; the parent tails the file.
+
+EVENTS_FILE = "events.jsonl"
+OUTPUT_FILE = "output.log"
+
+
+class EventWriter:
+    """The child's end: one JSON object per line, flushed at once."""
+
+    def __init__(self, workdir: Path) -> None:
+        self._file = (workdir / EVENTS_FILE).open("a", encoding="utf-8")
+
+    def write(self, event: str, **fields: Any) -> None:
+        self._file.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ChildRun:
+    """A pytest process started for some of this session's tests, and its events.
+
+    Its own terminal output goes to ``output.log`` in its work directory, so the
+    parent's report stays one report; :meth:`output_tail` shows it when it fails.
+    """
+
+    def __init__(self, argv: Sequence[str], workdir: Path, *, cwd: Path, env: Mapping[str, str]):
+        self.argv = list(argv)
+        self.workdir = workdir
+        events = workdir / EVENTS_FILE
+        events.touch()
+        self._events = events.open("rb")
+        self._buffer = b""
+        with (workdir / OUTPUT_FILE).open("wb") as output:
+            self.process = subprocess.Popen(
+                self.argv,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+
+    def next_event(self) -> dict[str, Any] | None:
+        """The next event; blocks while the child runs. ``None`` once it has ended
+        and every event it wrote has been read."""
+        delay = 0.0005
+        while True:
+            line = self._read_line()
+            if line is not None:
+                event: dict[str, Any] = json.loads(line)
+                return event
+            if self.process.poll() is not None:
+                # What it wrote just before it ended; a line it did not finish is dropped.
+                line = self._read_line()
+                return None if line is None else dict(json.loads(line))
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _read_line(self) -> bytes | None:
+        while b"\n" not in self._buffer:
+            chunk = self._events.read()
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def output_tail(self, lines: int = 25) -> str:
+        """The last lines of the child's own terminal output."""
+        try:
+            text = (self.workdir / OUTPUT_FILE).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the child if it still runs (the parent session is ending early)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._events.close()
+
+
+class Workdirs:
+    """Numbered work directories under one temporary directory, removed at the end."""
+
+    def __init__(self) -> None:
+        self._root: Path | None = None
+        self._count = 0
+
+    def new(self, label: str) -> Path:
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="pytest-cuda-"))
+        self._count += 1
+        path = self._root / f"{label}-{self._count}"
+        path.mkdir()
+        return path
+
+    def discard(self, path: Path) -> None:
+        """Remove one work directory once its child is done."""
+        shutil.rmtree(path, ignore_errors=True)
+
+    def remove(self) -> None:
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child, with ``extra`` on top."""
+    env = dict(os.environ)
+    env.update(extra or {})
+    # pytest sets it for the test that is running here; the child sets its own.
+    with contextlib.suppress(KeyError):
+        del env["PYTEST_CURRENT_TEST"]
+    return env
