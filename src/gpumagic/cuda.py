@@ -898,6 +898,7 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
         except Exception as exc:
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(device)
+            _reset_capture_state(device)
             raise GraphCaptureError(_capture_reason(exc)) from exc
         finally:
             if gc_was_enabled:
@@ -911,6 +912,21 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
         torch.cuda.synchronize(device)
     replay: Callable[[], None] = graph.replay
     return replay
+
+
+def _reset_capture_state(device: int) -> None:
+    """Undo what a failed capture leaves behind.
+
+    When ending a capture fails, torch's ``CUDAGraph::capture_end`` throws before its
+    generators' capture epilogue runs, so the CUDA RNG stays in capture mode and every
+    later random op fails ("Offset increment outside graph capture encountered
+    unexpectedly"). A trivial capture that succeeds runs the epilogue and puts it back.
+    """
+    torch = torch_module()
+    scratch = torch.cuda.CUDAGraph()
+    with contextlib.suppress(Exception), torch.cuda.graph(scratch):
+        torch.ones(1, device=device)
+    del scratch
 
 
 def _capture_reason(exc: BaseException) -> str:
@@ -948,6 +964,8 @@ def profile_kernels(
     profiler session can lose the first activities). With ``flushes`` > 0, kernels launched
     inside :func:`flush_l2` are taken out of the figures.
     """
+    import warnings
+
     torch = torch_module()
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -955,15 +973,24 @@ def profile_kernels(
     activities = [ProfilerActivity.CUDA]
     if flushes:
         activities.append(ProfilerActivity.CPU)
-    with profile(
-        activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)
-    ) as prof:
-        warm()
-        synchronize(devices)
-        prof.step()
-        run()
-        synchronize(devices)
-        prof.step()
+
+    def record() -> Any:
+        with profile(
+            activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)
+        ) as prof:
+            warm()
+            synchronize(devices)
+            prof.step()
+            run()
+            synchronize(devices)
+            prof.step()
+        return prof
+
+    with warnings.catch_warnings():
+        # One cycle only: torch's note that later cycles drop this one's events does not
+        # concern us.
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        prof = record()
     return _kernel_profile(prof.events(), torch.autograd.DeviceType, flushes)
 
 
@@ -1027,7 +1054,7 @@ class SyncEvent:
     lineno: int
 
 
-_SYNC_TEXT = "synchroniz"  # torch: "called a synchronizing CUDA operation"
+_SYNC_TEXT = "called a synchronizing CUDA operation"  # torch's warning under "warn"
 _DUNDER_OPS = {
     "__bool__": "bool(tensor)",
     "__int__": "int(tensor)",
@@ -1159,8 +1186,6 @@ def cuda_error_hint(exc: BaseException) -> str | None:
             "this process; restart the kernel."
         )
     return hint
-
-
 # ---------------------------------------------------------------------------
 # Leak checks (issue 6, pytest_cuda.leaks): releasing the memory that libraries keep by
 # design, so that only code's own leftovers remain in the allocator. None of these
