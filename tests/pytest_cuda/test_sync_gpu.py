@@ -146,7 +146,9 @@ def test_fixture_block(x, cuda_no_sync):
 
 
 def _line(marker: str) -> int:
-    return next(i for i, line in enumerate(NO_SYNC_SUITE.splitlines(), 1) if marker in line)
+    # pytester writes the source stripped of its leading newline
+    lines = NO_SYNC_SUITE.strip().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if marker in line)
 
 
 def test_cuda_no_sync_catches_item_cpu_and_nonzero(pytester: pytest.Pytester) -> None:
