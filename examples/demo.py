@@ -46,6 +46,16 @@ CELLS: list[tuple[str, list[str]]] = [
             "%lprun -f step --gpu --memory step(a, b)",
         ],
     ),
+    (
+        "Timing GPU work correctly: %cudatime",
+        [
+            "import torch\n\n"
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "x = torch.randn(1024, 1024, device=device)",
+            "%%cudatime w = torch.randn(1024, 1024, device=device)\ny = x @ w",
+            "%cudatime --kernels --sync-check x.sum().item()",
+        ],
+    ),
 ]
 
 

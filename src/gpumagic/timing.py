@@ -436,7 +436,7 @@ class _Timer:
         if not settled and previous is not None:
             self.report.warnings.append(
                 f"warm-up did not settle within {format_time(spent)}: the time per loop still "
-                f"changed by {abs(per - previous) / previous:.0%} between batches; "
+                f"changed by {abs(per - previous) / previous * 100:.0f} % between batches; "
                 "give it more with -w or --budget"
             )
         return per
@@ -741,8 +741,8 @@ class _Timer:
         warn = self.report.warnings
         if result.repeat >= 3 and result.rel_iqr > NOISY:
             warn.append(
-                f"the spread is large: IQR is {result.rel_iqr:.0%} of the median (other work on "
-                "the GPU or host, clock changes, or work that varies between calls)"
+                f"the spread is large: IQR is {result.rel_iqr * 100:.0f} % of the median (other "
+                "work on the GPU or host, clock changes, or work that varies between calls)"
             )
         steady = result.host_time
         first = result.first_call
@@ -757,9 +757,9 @@ class _Timer:
             later = quantile(values[len(values) // 2 :], 0.5)
             if later > 0 and (later - values[0]) / later > DRIFT:
                 warn.append(
-                    f"the first run was {(later - values[0]) / later:.0%} faster than the later "
-                    "ones: the GPU slows down under sustained load (power or thermal limits) and "
-                    "speeds up after idling; the median describes the sustained state"
+                    f"the first run was {(later - values[0]) / later * 100:.0f} % faster than the "
+                    "later ones: the GPU slows down under sustained load (power or thermal "
+                    "limits) and speeds up after idling; the median describes the sustained state"
                 )
         if result.floor and result.median < FLOOR_FACTOR * result.floor:
             warn.append(

@@ -447,7 +447,9 @@ def test_a_gpu_that_slows_down_under_load_is_pointed_out(seam: FakeSeam) -> None
     seam.slow_after = 12  # first call, sizing call, then the first run of 10 is fast
     result = time_cuda(counting(seam, 1e-6), TimingOptions(loops=10, repeat=8, warmup=0))
     assert result.timings[0] < result.timings[-1]
-    assert any(w.startswith("the first run was 17% faster than the later") for w in result.warnings)
+    assert any(
+        w.startswith("the first run was 17 % faster than the later") for w in result.warnings
+    )
     steady = time_cuda(counting(seam, 1e-6), TimingOptions(loops=10, repeat=8, warmup=0))
     assert not any("first run" in w for w in steady.warnings)
 
