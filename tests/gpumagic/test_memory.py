@@ -342,6 +342,20 @@ def test_with_the_users_own_recording_only_blocks_through_the_cell_count() -> No
     assert "library code only" in [t.where for t in library_only]
 
 
+def test_cpp_frames_of_a_users_stacks_all_recording_are_skipped() -> None:
+    cell = "<ipython-input-3-abc>"
+    frames = [
+        frame("/pytorch/c10/cuda/CUDACachingAllocator.cpp", 1200, "c10::cuda::malloc"),
+        frame("??", 0, "PyEval_EvalFrameDefault"),
+        frame(TORCH, 10, "cuda"),
+        frame(cell, 4),
+    ]
+    (line,) = memory.group_live_blocks(
+        [{"device": 0, "blocks": [block(MiB, frames)]}], is_library=is_library
+    )
+    assert (line.filename, line.line) == (cell, 4)
+
+
 def test_trace_text_lists_lines_and_totals() -> None:
     lines = (
         memory.TraceLine(
