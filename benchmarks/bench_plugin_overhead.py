@@ -1,16 +1,19 @@
 """What pytest_cuda costs a suite that uses no CUDA feature.
 
-Generates a 1,000-test CPU-only suite and runs it in fresh ``pytest`` processes with
-the plugin on and with ``-p no:cuda`` (the anchor), interleaved pair by pair so drift
-in machine load hits both sides alike. Reports the median wall time of each side, the
-median of the paired differences, and whether torch was imported in either run. The
-suite's conftest records ``"torch" in sys.modules`` at session end.
+Generates a 1,000-test CPU-only suite and runs it in fresh ``pytest`` processes three
+ways, interleaved round by round (the order rotating) so drift in machine load hits
+all alike: ``-p no:cuda`` (the anchor), the core alone (the modules in
+``pytest_cuda.plugin.pytest_plugins`` blocked: leak checks, sync modes) and the whole
+plugin as installed. Reports the median wall time of each, the median of the paired
+differences to the anchor, and whether torch was imported. The suite's conftest records
+``"torch" in sys.modules`` at session end. Bytecode caches are written in the warm-up
+runs, as for an installed package (``PYTHONDONTWRITEBYTECODE`` is dropped).
 
 Also times the one piece of work the plugin does in every run: discovery for the
 report header (``gpumagic.cuda.status()``: torch's version file and NVML, no torch
 import, no CUDA context), first call in a fresh interpreter each time.
 
-    python benchmarks/bench_plugin_overhead.py [--runs 21] [--json results.jsonl]
+    python benchmarks/bench_plugin_overhead.py [--rounds 15] [--json results.jsonl]
 
 Appends one JSON object to ``--json`` and prints a markdown table last.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from gpumagic import cuda
+from pytest_cuda import plugin
 
 TESTS = 1000
 FILES = 20
@@ -52,6 +56,7 @@ import sys
 import time
 
 from gpumagic import cuda
+from pytest_cuda import plugin
 
 t0 = time.perf_counter()
 cuda.status()
@@ -78,14 +83,26 @@ def write_suite(root: Path) -> None:
         (root / f"test_mod_{f:02d}.py").write_text("\n".join(lines))
 
 
-def run_suite(root: Path, plugin_on: bool, log: Path) -> float:
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root)]
-    if not plugin_on:
-        args[3:3] = ["-p", "no:cuda"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+# The three ways to run the suite: pytest options for each.
+VARIANTS: dict[str, list[str]] = {
+    "off": ["-p", "no:cuda"],
+    "core": [arg for module in plugin.pytest_plugins for arg in ("-p", f"no:{module}")],
+    "on": [],
+}
+
+
+def run_suite(root: Path, variant: str, log: Path) -> float:
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *VARIANTS[variant]]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PYTEST_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["BENCH_TORCH_LOG"] = str(log)
     t0 = time.perf_counter()
-    done = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*args, str(root)], cwd=root, env=env, capture_output=True, text=True, check=False
+    )
     elapsed = time.perf_counter() - t0
     if done.returncode != 0 or f"{TESTS} passed" not in done.stdout:
         raise SystemExit(f"the generated suite did not pass:\n{done.stdout}\n{done.stderr}")
@@ -107,6 +124,10 @@ def discovery_seconds(runs: int) -> tuple[list[float], bool]:
     return times, imported
 
 
+def row(name: str, values: list[float], note: str = "") -> str:
+    return f"| {name} | {statistics.median(values) * 1000:.0f} | {spread(values)} | {note} |"
+
+
 def spread(values: list[float], digits: int = 0) -> str:
     """The interquartile range in ms: ``"1412 to 1460"``."""
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
@@ -115,34 +136,34 @@ def spread(values: list[float], digits: int = 0) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=21, help="pairs of runs (default 21)")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds of 3 runs (default 15)")
     parser.add_argument("--json", type=Path, help="append one JSON line with the results")
     args = parser.parse_args()
 
     status = cuda.status()
     device = status.devices[0].name if status.available else "no GPU (CPU only)"
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "suite"
         root.mkdir()
         write_suite(root)
-        logs = {True: Path(tmp) / "on.log", False: Path(tmp) / "off.log"}
-        for log in logs.values():
+        logs = {name: Path(tmp) / f"{name}.log" for name in VARIANTS}
+        for name, log in logs.items():
             log.write_text("")
-        run_suite(root, True, Path(tmp) / "warmup.log")  # bytecode caches, page cache
-        run_suite(root, False, Path(tmp) / "warmup.log")
-        on: list[float] = []
-        off: list[float] = []
-        for i in range(args.runs):
-            # Alternate which side goes first, so neither always follows the other.
-            for side in (True, False) if i % 2 == 0 else (False, True):
-                (on if side else off).append(run_suite(root, side, logs[side]))
-        imported_on, imported_off = torch_imported(logs[True]), torch_imported(logs[False])
-    discovery, discovery_imported_torch = discovery_seconds(args.runs)
+            run_suite(root, name, Path(tmp) / "warmup.log")  # bytecode and page caches
+        names = list(VARIANTS)
+        for i in range(args.rounds):
+            for name in names[i % 3 :] + names[: i % 3]:  # rotate who goes first
+                times[name].append(run_suite(root, name, logs[name]))
+        imported = {name: torch_imported(log) for name, log in logs.items()}
+    discovery, discovery_imported_torch = discovery_seconds(args.rounds)
 
-    diffs = [a - b for a, b in zip(on, off, strict=True)]
-    on_med, off_med = statistics.median(on), statistics.median(off)
-    diff_med = statistics.median(diffs)
-    result = {
+    off = times["off"]
+    diffs = {
+        name: [a - b for a, b in zip(times[name], off, strict=True)] for name in ("core", "on")
+    }
+    off_med = statistics.median(off)
+    result: dict[str, object] = {
         "benchmark": "plugin_overhead",
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": device,
@@ -152,33 +173,35 @@ def main() -> None:
         "python": platform.python_version(),
         "pytest": pytest.__version__,
         "tests": TESTS,
-        "pairs": args.runs,
-        "on_median_s": round(on_med, 4),
-        "off_median_s": round(off_med, 4),
-        "paired_diff_median_s": round(diff_med, 4),
-        "overhead_pct": round(100 * diff_med / off_med, 2),
-        "on_over_off": round(on_med / off_med, 4),
-        "on_s": [round(t, 4) for t in on],
-        "off_s": [round(t, 4) for t in off],
-        "torch_imported_plugin_on": imported_on,
-        "torch_imported_plugin_off": imported_off,
+        "rounds": args.rounds,
+        "blocked_for_core": list(plugin.pytest_plugins),
         "discovery_median_ms": round(1000 * statistics.median(discovery), 2),
         "discovery_imported_torch": discovery_imported_torch,
     }
+    for name, values in times.items():
+        result[f"{name}_median_s"] = round(statistics.median(values), 4)
+        result[f"{name}_s"] = [round(t, 4) for t in values]
+        result[f"torch_imported_{name}"] = imported[name]
+    for name, values in diffs.items():
+        result[f"{name}_paired_diff_median_s"] = round(statistics.median(values), 4)
+        result[f"{name}_overhead_pct"] = round(100 * statistics.median(values) / off_med, 2)
     if args.json:
         with args.json.open("a") as out:
             out.write(json.dumps(result) + "\n")
 
-    print(f"pytest_cuda overhead on a {TESTS}-test CPU-only suite, {args.runs} interleaved pairs")
+    print(f"pytest_cuda overhead on a {TESTS}-test CPU-only suite, {args.rounds} rounds")
     print(f"device: {device}; torch {status.torch_version}; pytest {pytest.__version__}\n")
     print("| run | median wall (ms) | IQR (ms) | torch imported |")
     print("| --- | ---: | ---: | --- |")
-    print(f"| `-p no:cuda` (anchor) | {off_med * 1000:.0f} | {spread(off)} | {imported_off} |")
-    print(f"| plugin on | {on_med * 1000:.0f} | {spread(on)} | {imported_on} |")
-    print(
-        f"| on - off, paired median | {diff_med * 1000:+.1f} "
-        f"({100 * diff_med / off_med:+.2f} %) | {spread(diffs)} | |"
-    )
+    print(row("`-p no:cuda` (anchor)", off, str(imported["off"])))
+    print(row("core only (leak and sync modules blocked)", times["core"], str(imported["core"])))
+    print(row("whole plugin (as installed)", times["on"], str(imported["on"])))
+    for name, label in (("core", "core"), ("on", "whole plugin")):
+        med = statistics.median(diffs[name])
+        print(
+            f"| {label} - anchor, paired median | {med * 1000:+.1f} "
+            f"({100 * med / off_med:+.2f} %) | {spread(diffs[name])} | |"
+        )
     print(
         f"| discovery for the header (first `cuda.status()` of a process) | "
         f"{1000 * statistics.median(discovery):.2f} | {spread(discovery, 2)} | "

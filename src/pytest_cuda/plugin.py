@@ -1,10 +1,12 @@
 """pytest_cuda's hooks: device selection, the ``cuda`` marker, device fixtures, strict mode.
 
 Loaded through the ``pytest11`` entry point as ``cuda`` (``-p no:cuda`` turns it off,
-with the modules in :data:`pytest_plugins`). Importing it imports neither torch nor
-NVML. A run that uses no CUDA feature pays for one discovery for the report header
-(NVML and torch's version file: no torch import, no CUDA context); torch is imported
-only when a test asks for a device fixture.
+with the modules in :data:`pytest_plugins`). Free when unused: importing it imports
+neither torch nor NVML, and a run whose tests use no CUDA feature does no discovery at
+all. Discovery (NVML and torch's version file: no torch import, no CUDA context) runs
+when devices are asked for, when xdist workers start, or after collection when some
+test carries the ``cuda`` marker or a device fixture; torch is imported only when a
+test takes a device fixture.
 
 Public API for the other pytest_cuda modules:
 
@@ -77,6 +79,7 @@ class _RunDevices:
 
 
 _RUN_DEVICES = pytest.StashKey[_RunDevices]()
+_HEADER_SHOWN = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: Parser) -> None:
@@ -122,15 +125,28 @@ def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", CUDA_MARKER_DOC)
-    if (
-        _device_request(config) is not None
-        or config.getoption("cuda_devices_per_worker") is not None
-    ):
+    if _asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
         _run_devices(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    # Discovery costs tens of ms (NVML's start-up): paid here only where devices were
+    # asked for or workers start; otherwise after collection, if any test uses CUDA.
+    if not (_asked_for_devices(config) or _distributing(config)):
+        return []
+    config.stash[_HEADER_SHOWN] = True
+    return _header(config)
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    if config.stash.get(_HEADER_SHOWN, False) or not any(map(_uses_cuda, items)):
+        return []
+    return _header(config)
+
+
+def _header(config: pytest.Config) -> list[str]:
+    """Versions and the selected devices (one line without a GPU); no CUDA context."""
     run = _run_devices(config)
     status = run.status
     if not status.available:
@@ -167,6 +183,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not _uses_cuda(item):
+        return  # the common case, kept cheap: no marker parsing, no discovery
     try:
         requirement = cuda_requirement(item)
     except MarkerError as exc:
@@ -263,6 +281,20 @@ def item_devices(item: pytest.Item) -> tuple[DeviceInfo, ...]:
 
 # ---------------------------------------------------------------------------
 # Inside.
+
+
+def _asked_for_devices(config: pytest.Config) -> bool:
+    return (
+        _device_request(config) is not None
+        or config.getoption("cuda_devices_per_worker") is not None
+    )
+
+
+def _uses_cuda(item: pytest.Item) -> bool:
+    """A ``cuda`` marker or a device fixture (cheap: no marker parsing, no discovery)."""
+    if item.get_closest_marker("cuda") is not None:
+        return True
+    return not set(DEVICE_FIXTURES).isdisjoint(getattr(item, "fixturenames", ()))
 
 
 def _device_request(config: pytest.Config) -> DeviceRequest | None:

@@ -1,7 +1,8 @@
-"""Free when unused: a suite that asks for no CUDA feature never imports torch.
+"""Free when unused: a suite that asks for no CUDA feature never imports torch and
+does no discovery; one that does imports no torch for the header and the skip checks.
 
 Run on the real machine (no fakes), in a fresh process each: on the GPU machine this
-also shows that discovery for the header and the skip checks import no torch.
+covers NVML discovery too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ if TYPE_CHECKING:
 CHECKING_CONFTEST = """
 import sys
 
+from gpumagic import cuda
+
+discoveries = []
+real = cuda._status_now
+cuda._status_now = lambda: discoveries.append(1) or real()
+
+
 def pytest_sessionfinish(session):
     print("\\nTORCH IMPORTED:", "torch" in sys.modules)
+    print("DISCOVERIES:", len(discoveries))
 """
 
 CPU_ONLY = """
@@ -37,7 +46,8 @@ def test_a_cpu_suite_imports_no_torch(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(CPU_ONLY)
     result = pytester.runpytest_subprocess("-s")
     result.assert_outcomes(passed=21)
-    result.stdout.fnmatch_lines(["cuda: *", "*TORCH IMPORTED: False"])
+    result.stdout.fnmatch_lines(["*TORCH IMPORTED: False", "DISCOVERIES: 0"])
+    assert not [line for line in result.outlines if line.startswith("cuda")]
 
 
 def test_options_and_xdist_import_no_torch(pytester: pytest.Pytester) -> None:

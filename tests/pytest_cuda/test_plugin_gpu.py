@@ -1,115 +1,30 @@
-"""pytest_cuda on real GPUs: markers, fixtures and header against the device, discovery
-that leaves no context behind, and one device per xdist worker.
+"""pytest_cuda on a real GPU: markers, fixtures and header against the device, discovery
+that leaves no context behind, xdist workers sharing one device.
 
-Every inner run is a fresh ``pytest`` process on the real machine (no fakes). Tests
-marked ``cuda(min_devices=2)`` need two GPUs (the H200 pair); each writes what the
-workers saw to ``$OUT/pytest_cuda_devices.txt`` when ``$OUT`` is set, for the record.
+Every inner run is a fresh ``pytest`` process on the real machine (no fakes); each
+test writes what it saw to ``$OUT/pytest_cuda_devices.txt`` when ``$OUT`` is set. The
+two-GPU tests are in ``test_plugin_two_gpus.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pytest
+from gpu_records import RECORDER, WORK, by_worker, devices, keep, same_uuid, seen
 from reports import skip_reasons
 
 from gpumagic import cuda
 from gpumagic.devices import format_bytes
 from pytest_cuda.selection import visible_devices_value
 
-if TYPE_CHECKING:
-    from gpumagic.devices import DeviceInfo
-
 pytestmark = pytest.mark.cuda
-
-# Each test that touches CUDA appends what its process saw to seen.jsonl: the xdist
-# worker, its CUDA_VISIBLE_DEVICES, torch's device count and the UUID of the device.
-RECORDER = """
-import json
-import os
-from pathlib import Path
-
-import torch
-
-LOG = Path(__file__).with_name("seen.jsonl")
-
-
-def record(request, device):
-    workerinput = getattr(request.config, "workerinput", None)
-    seen = {
-        "worker": workerinput["workerid"] if workerinput else "main",
-        "test": request.node.name,
-        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "device_count": torch.cuda.device_count(),
-        "device": str(device),
-        "uuid": str(torch.cuda.get_device_properties(device).uuid),
-        "name": torch.cuda.get_device_name(device),
-    }
-    with LOG.open("a") as log:
-        log.write(json.dumps(seen) + "\\n")
-"""
-
-WORK = """
-import pytest
-import torch
-from recorder import record
-
-
-@pytest.mark.parametrize("i", range({tests}))
-def test_work(request, cuda_device, i):
-    x = torch.eye(8, device=cuda_device) * i
-    assert (x @ x).sum().item() == 8 * i * i
-    record(request, cuda_device)
-"""
-
-
-def devices() -> tuple[DeviceInfo, ...]:
-    return cuda.status().devices
-
-
-def same_uuid(torch_uuid: str, nvml_uuid: str) -> bool:
-    """torch prints ``58e4…``, NVML ``GPU-58e4…``."""
-    return torch_uuid.lower().removeprefix("gpu-") == nvml_uuid.lower().removeprefix("gpu-")
-
-
-def seen(pytester: pytest.Pytester) -> list[dict[str, Any]]:
-    log = pytester.path / "seen.jsonl"
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def by_worker(records: list[dict[str, Any]]) -> dict[str, set[tuple[Any, ...]]]:
-    found: dict[str, set[tuple[Any, ...]]] = {}
-    for r in records:
-        key = (r["CUDA_VISIBLE_DEVICES"], r["device_count"], r["device"], r["uuid"])
-        found.setdefault(r["worker"], set()).add(key)
-    return found
-
-
-def keep(title: str, result: pytest.RunResult, records: list[dict[str, Any]]) -> None:
-    """Write the inner run's header and the records to $OUT for the closing note."""
-    out = os.environ.get("OUT")
-    if not out:
-        return
-    starts = ("cuda", "  cuda:", "  gw", "  no worker", "created")
-    header = [line for line in result.outlines if line.startswith(starts)]
-    summary = [line for line in result.outlines if " in " in line and "===" in line]
-    lines = [f"## {title}", *header, *summary]
-    lines += [json.dumps(r) for r in sorted(by_worker(records).items(), key=str)]
-    with (Path(out) / "pytest_cuda_devices.txt").open("a") as log:
-        log.write("\n".join(lines) + "\n\n")
 
 
 @pytest.fixture
 def recorder(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(recorder=RECORDER)
     return pytester
-
-
-# ---------------------------------------------------------------------------
-# One GPU (or more).
 
 
 NO_CONTEXT_CHECK = """
@@ -271,85 +186,3 @@ def test_one_gpu_shared_by_two_workers(recorder: pytest.Pytester) -> None:
         assert (env, count, device) == (expected, 1, "cuda:0"), worker
         assert same_uuid(uuid, first.uuid), worker
     keep("-n 2 --cuda-devices=0 on one GPU", result, records)
-
-
-# ---------------------------------------------------------------------------
-# Two GPUs: the H200 pair.
-
-
-@pytest.mark.cuda(min_devices=2)
-def test_each_worker_runs_on_its_own_device(recorder: pytest.Pytester) -> None:
-    """``pytest -n 2 --cuda-devices=0,1``: the workers' device UUIDs differ."""
-    first, second = devices()[:2]
-    recorder.makepyfile(WORK.format(tests=40))
-    result = recorder.runpytest_subprocess("-n", "2", "--cuda-devices=0,1")
-    result.assert_outcomes(passed=40)
-    records = seen(recorder)
-    workers = by_worker(records)
-    keep("pytest -n 2 --cuda-devices=0,1", result, records)
-    assert set(workers) == {"gw0", "gw1"}, workers
-    ((env0, count0, dev0, uuid0),) = workers["gw0"]
-    ((env1, count1, dev1, uuid1),) = workers["gw1"]
-    assert uuid0 != uuid1
-    assert (count0, dev0, count1, dev1) == (1, "cuda:0", 1, "cuda:0")
-    assert same_uuid(uuid0, first.uuid), (uuid0, first)
-    assert same_uuid(uuid1, second.uuid), (uuid1, second)
-    outer = os.environ.get("CUDA_VISIBLE_DEVICES")
-    assert env0 == visible_devices_value((first,), outer)
-    assert env1 == visible_devices_value((second,), outer)
-
-
-@pytest.mark.cuda(min_devices=2)
-def test_without_xdist_a_device_test_runs_once_per_device(recorder: pytest.Pytester) -> None:
-    first, second = devices()[:2]
-    recorder.makepyfile(WORK.format(tests=1))
-    result = recorder.runpytest_subprocess("--cuda-devices=0,1", "-v")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*test_work?cuda:0-0? PASSED*", "*test_work?cuda:1-0? PASSED*"])
-    records = seen(recorder)
-    keep("pytest --cuda-devices=0,1 (no xdist)", result, records)
-    uuids = {r["device"]: r["uuid"] for r in records}
-    assert uuids["cuda:0"] != uuids["cuda:1"]
-    assert same_uuid(uuids["cuda:0"], first.uuid)
-    assert same_uuid(uuids["cuda:1"], second.uuid)
-
-
-@pytest.mark.cuda(min_devices=2)
-def test_outer_uuids_reorder_the_devices(
-    recorder: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An outer CUDA_VISIBLE_DEVICES is respected: cuda:0 is the board it names first."""
-    first, second = devices()[:2]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{second.uuid},{first.uuid}")
-    recorder.makepyfile(WORK.format(tests=20))
-    result = recorder.runpytest_subprocess("-n", "2", "--cuda-devices=0,1")
-    result.assert_outcomes(passed=20)
-    records = seen(recorder)
-    keep(f"CUDA_VISIBLE_DEVICES={second.uuid},{first.uuid} pytest -n 2", result, records)
-    workers = by_worker(records)
-    ((env0, _, _, uuid0),) = workers["gw0"]
-    ((env1, _, _, uuid1),) = workers["gw1"]
-    assert (env0, env1) == (second.uuid, first.uuid)
-    assert same_uuid(uuid0, second.uuid)
-    assert same_uuid(uuid1, first.uuid)
-
-
-@pytest.mark.cuda(min_devices=2)
-def test_a_worker_with_two_devices(recorder: pytest.Pytester) -> None:
-    recorder.makepyfile(
-        """
-        import pytest
-        import torch
-
-        @pytest.mark.cuda(min_devices=2)
-        def test_pair(cuda_devices):
-            assert torch.cuda.device_count() == 2
-            a, b = (torch.ones(4, device=d) for d in cuda_devices)
-            assert (a + b.to(a.device)).sum().item() == 8
-        """
-    )
-    result = recorder.runpytest_subprocess(
-        "-n", "1", "--cuda-devices=0,1", "--cuda-devices-per-worker=2", "--cuda-require"
-    )
-    result.assert_outcomes(passed=1)
-    keep("-n 1 --cuda-devices-per-worker=2", result, [])
