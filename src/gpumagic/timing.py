@@ -758,8 +758,8 @@ class _Timer:
             if later > 0 and (later - values[0]) / later > DRIFT:
                 warn.append(
                     f"the first run was {(later - values[0]) / later * 100:.0f} % faster than the "
-                    "later ones: the GPU slows down under sustained load (power or thermal "
-                    "limits) and speeds up after idling; the median describes the sustained state"
+                    "later ones: clocks drop under sustained load (power or thermal limits) and "
+                    "recover after idling; the median describes the sustained state"
                 )
         if result.floor and result.median < FLOOR_FACTOR * result.floor:
             warn.append(
