@@ -563,7 +563,8 @@ class _Walk:
         self.facts = facts
         self.max_names = max_names
         self.first: dict[int, tuple[int | None, _Step]] = {}
-        self.aliases: dict[int, list[tuple[int | None, _Step]]] = {}
+        self.aliases: dict[int, list[tuple[int | None, _Step, bool]]] = {}
+        self.low: set[int] = set()  # objects first reached by a low-priority path
         self.alive: list[object] = []  # keeps every id() valid until names are rendered
         self.tensors: dict[int, cuda.TensorFacts] = {}
         self.queues: tuple[collections.deque[tuple[object, int]], ...] = (
@@ -580,11 +581,13 @@ class _Walk:
         if oid in self.first:
             others = self.aliases.setdefault(oid, [])
             if len(others) < self.max_names * 2:
-                others.append((parent, step))
+                others.append((parent, step, low))
             return
         if isinstance(obj, _SKIPPED):
             return
         self.first[oid] = (parent, step)
+        if low:
+            self.low.add(oid)
         self.alive.append(obj)
         self.queues[1 if low else 0].append((obj, depth))
 
@@ -644,13 +647,20 @@ class _Walk:
             key=lambda o: (
                 -_numel(self.tensors[o].shape),
                 self.tensors[o].view,
+                o in self.low,
                 _name_rank(self.name(o)),
             )
         )
-        names = [self.name(oid) for oid in oids]
-        names += [self.path(p, s) for oid in oids for p, s in self.aliases.get(oid, ())]
-        lead, *rest = dict.fromkeys(names)
-        unique = [lead, *sorted(rest, key=_name_rank)]
+        # Names through the output history or an optimizer's param_groups are shown
+        # only when nothing the user named reaches the storage.
+        found = [(self.name(oid), oid in self.low) for oid in oids]
+        found += [(self.path(p, s), low) for oid in oids for p, s, low in self.aliases.get(oid, ())]
+        wanted = any(not low for _, low in found)
+        names = list(dict.fromkeys(name for name, low in found if not (wanted and low)))
+        if wanted:  # the first (shortest) path the user named leads
+            unique = [names[0], *sorted(names[1:], key=_name_rank)]
+        else:
+            unique = sorted(names, key=_name_rank)
         facts = self.tensors[oids[0]]
         return Holder(
             names=tuple(unique[: self.max_names]),
@@ -671,8 +681,9 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _name_rank(name: str) -> tuple[int, int, str]:
-    """Names people typed first: not ``_``/``Out``, then short, then alphabetical."""
-    return (int(name.startswith(("_", "Out["))), len(name), name)
+    """Names people typed first, then ``Out[N]``, then ``_``-names; short before long."""
+    group = 2 if name.startswith("_") else 1 if name.startswith("Out[") else 0
+    return (group, len(name), name)
 
 
 # ---------------------------------------------------------------------------
