@@ -224,11 +224,19 @@ def test_cuda_starting_within_the_run_is_picked_up(
     assert prof.result().cuda_used
 
 
-def test_without_cuda_nothing_is_synchronized() -> None:
+def test_without_cuda_nothing_is_synchronized(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumagic import cuda
+
+    # No context in this process, as far as the profiler can tell (on the GPU machine,
+    # earlier tests may have created one).
+    monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
+    synchronized: list[tuple[int, ...]] = []
+    monkeypatch.setattr(cuda, "synchronize_each", synchronized.append)
     prof = profile(lambda: sum(range(100)))
     result = prof.result()
     assert not result.cuda_used
     assert result.syncs == 0
+    assert synchronized == []
 
 
 # -- what line_profiler would get wrong or what it keeps -------------------------------
