@@ -23,30 +23,17 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
-from gpumagic import cuda
-from pytest_cuda import xdist_pinning
-from pytest_cuda.markers import (
-    CudaRequirement,
-    MarkerError,
-    merge_requirements,
-    parse_cuda_marker,
-    unmet_reason,
-)
-from pytest_cuda.selection import (
-    DeviceRequest,
-    SelectionError,
-    WorkerPlan,
-    group_devices,
-    parse_device_request,
-    select_devices,
-)
-
 if TYPE_CHECKING:
     import torch
     from _pytest.config.argparsing import Parser
 
     from gpumagic.devices import CudaStatus, DeviceInfo
+    from pytest_cuda.markers import CudaRequirement
+    from pytest_cuda.selection import DeviceRequest, WorkerPlan
     from pytest_cuda.xdist_pinning import WorkerPin
+
+# The seam (gpumagic.cuda), the marker and selection logic are imported where they are
+# first needed: pytest imports this module on every run, CUDA tests or not.
 
 __all__ = ["cuda_requirement", "item_devices", "selected_devices"]
 
@@ -80,6 +67,8 @@ class _RunDevices:
 
 _RUN_DEVICES = pytest.StashKey[_RunDevices]()
 _HEADER_SHOWN = pytest.StashKey[bool]()
+_USES_CUDA = pytest.StashKey[bool]()
+_ANY_CUDA = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: Parser) -> None:
@@ -120,7 +109,9 @@ def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager
     # -n auto asks pytest_xdist_auto_num_workers inside pytest_cmdline_main, before
     # pytest_configure, so the xdist hooks are registered as soon as xdist is.
     if manager.has_plugin("xdist") and not manager.has_plugin("cuda.xdist"):
-        manager.register(xdist_pinning.XdistPinning(_worker_plan), "cuda.xdist")
+        from pytest_cuda.xdist_pinning import XdistPinning
+
+        manager.register(XdistPinning(_worker_plan), "cuda.xdist")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -139,8 +130,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return _header(config)
 
 
-def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    if config.stash.get(_HEADER_SHOWN, False) or not any(map(_uses_cuda, items)):
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # One look at each test (after deselection) serves the header and every setup.
+    any_cuda = False
+    for item in items:
+        item.stash[_USES_CUDA] = uses = _uses_cuda(item)
+        any_cuda = any_cuda or uses
+    config.stash[_ANY_CUDA] = any_cuda
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    if config.stash.get(_HEADER_SHOWN, False) or not config.stash.get(_ANY_CUDA, False):
         return []
     return _header(config)
 
@@ -183,8 +184,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if not _uses_cuda(item):
+    uses = item.stash.get(_USES_CUDA, None)
+    if not (_uses_cuda(item) if uses is None else uses):
         return  # the common case, kept cheap: no marker parsing, no discovery
+    from pytest_cuda.markers import MarkerError
+
     try:
         requirement = cuda_requirement(item)
     except MarkerError as exc:
@@ -225,6 +229,8 @@ def cuda_device(request: pytest.FixtureRequest) -> torch.device:
         if not run.devices:
             _skip_or_fail(request.config, _unavailable(run.status))
         device = run.devices[0]
+    from gpumagic import cuda
+
     result: torch.device = cuda.torch_module().device("cuda", device.index)
     return result
 
@@ -239,6 +245,8 @@ def cuda_devices(request: pytest.FixtureRequest) -> list[torch.device]:
     run = _run_devices(request.config)
     if not run.devices:
         _skip_or_fail(request.config, _unavailable(run.status))
+    from gpumagic import cuda
+
     torch = cuda.torch_module()
     return [torch.device("cuda", d.index) for d in run.devices]
 
@@ -265,6 +273,8 @@ def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
     takes ``cuda_device`` or ``cuda_devices`` without a marker needs one device.
     Raises :class:`~pytest_cuda.markers.MarkerError` for a malformed marker.
     """
+    from pytest_cuda.markers import CudaRequirement, merge_requirements, parse_cuda_marker
+
     requirement = merge_requirements(
         parse_cuda_marker(mark.args, mark.kwargs) for mark in item.iter_markers("cuda")
     )
@@ -302,16 +312,20 @@ def _device_request(config: pytest.Config) -> DeviceRequest | None:
     option: str | None = config.getoption("cuda_devices")
     env = os.environ.get(ENV_DEVICES, "")
     ini = str(config.getini("cuda_devices"))
+    if option is not None:
+        text, source = option, f"--cuda-devices={option}"
+    elif env.strip():
+        text, source = env, f"{ENV_DEVICES}={env}"
+    elif ini.strip():
+        text, source = ini, f"cuda_devices = {ini} (ini)"
+    else:
+        return None
+    from pytest_cuda.selection import SelectionError, parse_device_request
+
     try:
-        if option is not None:
-            return parse_device_request(option, f"--cuda-devices={option}")
-        if env.strip():
-            return parse_device_request(env, f"{ENV_DEVICES}={env}")
-        if ini.strip():
-            return parse_device_request(ini, f"cuda_devices = {ini} (ini)")
+        return parse_device_request(text, source)
     except SelectionError as exc:
         raise pytest.UsageError(str(exc)) from None
-    return None
 
 
 def _run_devices(config: pytest.Config) -> _RunDevices:
@@ -323,9 +337,13 @@ def _run_devices(config: pytest.Config) -> _RunDevices:
 
 
 def _discover(config: pytest.Config) -> _RunDevices:
+    from gpumagic import cuda
+    from pytest_cuda.selection import SelectionError, select_devices
+    from pytest_cuda.xdist_pinning import worker_pin
+
     status = cuda.status()
     request = _device_request(config)
-    pin = xdist_pinning.worker_pin(config)
+    pin = worker_pin(config)
     if pin is not None:
         scope = f"owned by xdist worker {pin.worker} (--cuda-devices-per-worker={pin.per_worker})"
         return _RunDevices(status, status.devices, scope, request, None, pin)
@@ -348,6 +366,8 @@ def _plan(
     if (request is None and per_worker is None) or not devices or not _distributing(config):
         return None
     source = request.source if request else f"--cuda-devices-per-worker={per_worker}"
+    from pytest_cuda.selection import WorkerPlan, group_devices
+
     groups = group_devices(devices, per_worker or 1)
     return WorkerPlan(groups, per_worker or 1, status.visible_devices_env, source)
 
@@ -384,6 +404,8 @@ def _unmet(run: _RunDevices, requirement: CudaRequirement, item: pytest.Item) ->
         return _unavailable(run.status)
     param = _device_param(item)
     checked = (param,) if param is not None else run.devices[: requirement.min_devices]
+    from pytest_cuda.markers import unmet_reason
+
     return unmet_reason(requirement, run.devices, checked, _free_memory, scope=run.scope)
 
 
@@ -394,6 +416,8 @@ def _device_param(item: pytest.Item) -> DeviceInfo | None:
 
 
 def _free_memory(device: DeviceInfo) -> int | None:
+    from gpumagic import cuda
+
     try:
         return cuda.nvml_device_memory(device)[1]
     except cuda.CudaUnavailable:

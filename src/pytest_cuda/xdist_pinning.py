@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpumagic import cuda
-
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -52,6 +50,8 @@ class WorkerPin:
         now = os.environ.get(ENV)
         if now == self.visible_devices:
             return None
+        from gpumagic import cuda
+
         state = (
             "CUDA is already initialised on those devices"
             if cuda.is_initialized()
