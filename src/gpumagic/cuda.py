@@ -1186,6 +1186,8 @@ def cuda_error_hint(exc: BaseException) -> str | None:
             "this process; restart the kernel."
         )
     return hint
+
+
 # ---------------------------------------------------------------------------
 # Leak checks (issue 6, pytest_cuda.leaks): releasing the memory that libraries keep by
 # design, so that only code's own leftovers remain in the allocator. None of these
@@ -1265,6 +1267,31 @@ def on_cuda_init(callback: Callable[[], object]) -> bool:
         return False
     lazy_call(callback)
     return True
+
+
+def start_allocation_history(max_entries: int) -> bool:
+    """Record the Python stack and the time of every allocation, unless recording is on.
+
+    ``_record_memory_history("all", context="alloc", stacks="python")``: a stack capture
+    per allocation (none per free) and a ring of the last ``max_entries`` allocator
+    events with their times, which tell a leak check which live blocks are new.
+    ``True`` when this call turned recording on (its caller turns it off with
+    :func:`stop_memory_history`); ``False`` when it was on already (the user's settings
+    are kept). Only call it once CUDA is initialised, or from :func:`on_cuda_init`.
+    """
+    torch = torch_module()
+    if torch._C._cuda_isHistoryEnabled():
+        return False
+    torch.cuda.memory._record_memory_history(
+        "all", context="alloc", stacks="python", max_entries=max_entries
+    )
+    return True
+
+
+def memory_snapshot() -> dict[str, Any]:
+    """``torch.cuda.memory._snapshot()``: segments with their blocks (and allocation
+    stacks when recording), and each device's ring of allocator events."""
+    return dict(torch_module().cuda.memory._snapshot())
 
 
 # ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ failed tests too, so both problems are reported.
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from _pytest.config.argparsing import Parser
     from _pytest.terminal import TerminalReporter
 
-    from pytest_cuda.leaks import Block, NoCudaLeak
+    from pytest_cuda.leaks import NoCudaLeak
 
 MARKER = "cuda_leak_check"
 MARKER_DOC = (
@@ -189,8 +190,8 @@ class _Check:
     mode: Mode
     leaks: bool
     first: dict[int, int] | None = None
-    first_blocks: list[Block] = field(default_factory=list)
-    call: dict[int, int] | None = None
+    start_us: int = 0
+    ran: bool = False
     held: dict[int, int] = field(default_factory=dict)
     tearing_down: bool = False
     done: bool = False
@@ -292,7 +293,9 @@ class LeakChecker:
         check = self._current
         if check is None or check.item is not item:
             return (yield)
-        check.call = self._begin(check) if check.first is None else self.source.read()
+        if check.first is None:
+            self._begin(check)
+        check.ran = True
         if self.peaks:
             check.start_stats = _reset_peaks()
         return (yield)
@@ -350,33 +353,30 @@ class LeakChecker:
             return None
         return _Check(item, tolerance, mode, leaks=mode != "off")
 
-    def _begin(self, check: _Check) -> dict[int, int]:
+    def _begin(self, check: _Check) -> None:
         if self.recording is not None and check.leaks:
             self.recording.ensure()
+        check.start_us = time.time_ns() // 1000
         check.first = self.source.read()
-        if self.recording is not None and check.leaks and any(check.first.values()):
-            check.first_blocks = self.recording.live_blocks()
-        return check.first
 
     def _finish(self, check: _Check) -> None:
         if check.done:
             return
         check.done = True
-        if check.call is None:
-            return  # the test never ran
+        if not check.ran:
+            return  # setup failed or skipped: the test never ran
         try:
             self._measure(check)
         except Exception as exc:  # a bug here must not hide the test's own outcome
             check.failure = f"{type(exc).__name__}: {exc}"
 
     def _measure(self, check: _Check) -> None:
-        assert check.call is not None
         end = self.source.read()
         if self.peaks:
             check.peak = _peaks(check.start_stats, end)
         if not check.leaks:
             return
-        baseline = check.first if check.first is not None else check.call
+        baseline = check.first or {}
         if all(g <= check.tolerance for g in growth(baseline, end, check.held).values()):
             return
         # Usually the function-scoped fixtures' values: freed at once by refcount.
@@ -395,9 +395,7 @@ class LeakChecker:
                 stack_note="Stacks not recorded: allocation-stack recording was off "
                 "(switched off by the test?).",
             )
-        stacks = attribute(
-            check.first_blocks, self.recording, result.leaked, _test_function(check.item)
-        )
+        stacks = attribute(check.start_us, result.leaked, _test_function(check.item))
         return replace(result, stacks=stacks)
 
     def _verdict(self, check: _Check) -> None:

@@ -11,9 +11,10 @@ touches CUDA only through :mod:`gpumagic.cuda`:
   workspaces, cuFFT plans, blocks waiting on other streams, torch.compile caches), then
   a second look; it re-measures after each step and stops as soon as nothing is over
   the tolerance.
-* **Attribution** diffs two allocator snapshots taken with allocation-stack recording
-  on (:func:`new_blocks`) and groups the blocks still alive by the user frames of their
-  allocating stack, largest first (:func:`group_by_stack`).
+* **Attribution** reads one allocator snapshot taken with allocation-stack recording on:
+  the event ring says which live blocks were allocated since the check began
+  (:func:`blocks_allocated_since`, the diff against the start), and those are grouped
+  by the user frames of their allocating stack, largest first (:func:`group_by_stack`).
 * **Text**: :meth:`LeakResult.summary` (one line) and :meth:`LeakResult.details`.
 
 :func:`no_cuda_leak` puts the pieces together for a block of code.
@@ -52,10 +53,10 @@ __all__ = [
     "SettleStep",
     "StackGroup",
     "StackRecording",
+    "blocks_allocated_since",
     "blocks_from_segments",
     "group_by_stack",
     "growth",
-    "new_blocks",
     "no_cuda_leak",
     "parse_leak_settings",
     "settle",
@@ -65,9 +66,10 @@ Mode = Literal["fail", "warn", "off"]
 #: ``fail``: a leak fails; ``warn``: it is reported without failing; ``off``: no check.
 MODES: tuple[Mode, ...] = ("fail", "warn", "off")
 
-#: The bound on allocation-history entries when recording is ours. Recording keeps the
-#: stacks of live blocks only (``enabled="state"``); the event ring is not used here.
-HISTORY_MAX_ENTRIES = 4096
+#: The bound on the allocator's event ring when recording is ours (an entry holds an
+#: allocation's stack: about 1 KiB of host memory). The ring says when each live block
+#: was allocated; a check whose code makes more events than this falls back to stacks.
+HISTORY_MAX_ENTRIES = 20_000
 #: At most this many stacks, and this many frames per stack, in a report.
 MAX_STACKS = 8
 MAX_FRAMES = 8
@@ -368,12 +370,6 @@ class Block:
     requested: int
     frames: tuple[Frame, ...] = ()
 
-    @property
-    def key(self) -> tuple[int, int, int, tuple[Frame, ...]]:
-        # The stack is part of the identity: a block freed and allocated again at the
-        # same address by other code is a new block.
-        return (self.device, self.address, self.size, self.frames)
-
 
 def blocks_from_segments(segments: Iterable[Mapping[str, Any]]) -> list[Block]:
     """The allocated blocks of a ``torch.cuda.memory._snapshot()``'s ``segments``."""
@@ -400,10 +396,45 @@ def blocks_from_segments(segments: Iterable[Mapping[str, Any]]) -> list[Block]:
     return found
 
 
-def new_blocks(before: Iterable[Block], after: Iterable[Block]) -> list[Block]:
-    """The blocks of ``after`` that were not alive in ``before``."""
-    old = {b.key for b in before}
-    return [b for b in after if b.key not in old]
+def blocks_allocated_since(
+    snapshot: Mapping[str, Any], start_us: int, outermost: tuple[str, str] | None = None
+) -> list[Block]:
+    """The live blocks of a ``torch.cuda.memory._snapshot()`` allocated at or after
+    ``start_us`` (microseconds since the epoch, the clock of the snapshot's events).
+
+    Each device's ring of allocator events says when a live block was allocated (its
+    last ``alloc`` event at that address). A block without one is older than the ring,
+    unless the ring lost events after ``start_us`` (it wrapped, or the recording keeps
+    no events): then its stack decides, and it counts as new when the stack passes
+    through ``outermost`` (``(filename, function)`` of the test function).
+    """
+    allocated: dict[tuple[int, int], int] = {}
+    complete: dict[int, bool] = {}
+    for device, events in enumerate(snapshot.get("device_traces") or ()):
+        times = [int(e.get("time_us", 0)) for e in events]
+        complete[device] = bool(times) and min(times) <= start_us
+        for event, time_us in zip(events, times, strict=True):
+            if event.get("action") == "alloc":
+                key = (device, int(event.get("addr", -1)))
+                allocated[key] = max(time_us, allocated.get(key, time_us))
+    found = []
+    for block in blocks_from_segments(snapshot.get("segments") or ()):
+        when = allocated.get((block.device, block.address))
+        if when is not None:
+            if when >= start_us:
+                found.append(block)
+        elif not complete.get(block.device, False) and _passes_through(block.frames, outermost):
+            found.append(block)
+    return found
+
+
+def _passes_through(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> bool:
+    return outermost is not None and any(_is_frame(f, outermost) for f in frames)
+
+
+def _is_frame(frame: Frame, where: tuple[str, str]) -> bool:
+    filename, name = where
+    return frame.name == name and _as_dir(frame.filename) == _as_dir(filename)
 
 
 @dataclass(frozen=True)
@@ -427,8 +458,8 @@ class StackGroup:
 
 class FrameFilter:
     """Tells the user's frames from library frames (torch, the standard library, pytest,
-    pluggy, pytest_cuda and gpumagic); code in site-packages other than those counts
-    as the user's."""
+    pluggy, pytest_cuda and gpumagic, and C++ frames); Python code in site-packages
+    other than those counts as the user's."""
 
     def __init__(self, library_dirs: Iterable[str], stdlib_dirs: Iterable[str] = ()) -> None:
         self._library = tuple(_as_dir(d) for d in library_dirs if d)
@@ -448,6 +479,8 @@ class FrameFilter:
     def is_user(self, filename: str) -> bool:
         if filename.startswith(("<frozen", "<eval_with_key")):
             return False
+        if not filename.startswith("<") and not filename.endswith((".py", ".pyw")):
+            return False  # a C++ frame (recording with stacks="all"): torch's or a library's
         path = _as_dir(filename)
         if path.startswith(self._library):
             return False
@@ -460,10 +493,8 @@ class FrameFilter:
 def _cut(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> tuple[Frame, ...]:
     if outermost is None:
         return frames
-    filename, name = outermost
-    wanted = _as_dir(filename)
     for i, frame in enumerate(frames):
-        if frame.name == name and _as_dir(frame.filename) == wanted:
+        if _is_frame(frame, outermost):
             return frames[: i + 1]
     return frames
 
@@ -517,7 +548,7 @@ class StackRecording:
     def ensure(self) -> None:
         """Recording on now, if CUDA is initialised (it creates no context)."""
         if not self._closed and cuda.is_initialized():
-            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES) or self.owned
+            self.owned = cuda.start_allocation_history(HISTORY_MAX_ENTRIES) or self.owned
 
     def ensure_at_init(self) -> bool:
         """Recording on now, or as soon as torch initialises CUDA; ``False`` when torch
@@ -530,12 +561,9 @@ class StackRecording:
         if self._closed:
             return
         try:
-            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES) or self.owned
+            self.owned = cuda.start_allocation_history(HISTORY_MAX_ENTRIES) or self.owned
         except Exception:
             return
-
-    def live_blocks(self) -> list[Block]:
-        return blocks_from_segments(cuda.memory_snapshot_segments())
 
     def close(self) -> None:
         self._closed = True
@@ -545,17 +573,14 @@ class StackRecording:
 
 
 def attribute(
-    before: Sequence[Block],
-    recording: StackRecording,
-    devices: Iterable[int],
-    outermost: tuple[str, str] | None = None,
+    start_us: int, devices: Iterable[int], outermost: tuple[str, str] | None = None
 ) -> tuple[StackGroup, ...]:
-    """The stacks of the blocks alive now on ``devices`` that ``before`` did not have
-    (``outermost``: see :func:`group_by_stack`)."""
+    """The stacks of the blocks alive now on ``devices`` that were allocated since
+    ``start_us`` (see :func:`blocks_allocated_since`), grouped (:func:`group_by_stack`)."""
     wanted = set(devices)
-    after = [b for b in recording.live_blocks() if b.device in wanted]
+    found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
     return group_by_stack(
-        new_blocks(before, after), FrameFilter.default().is_user, outermost=outermost
+        [b for b in found if b.device in wanted], FrameFilter.default().is_user, outermost=outermost
     )
 
 
@@ -574,7 +599,7 @@ class NoCudaLeak:
     source: MemorySource = field(default_factory=CudaMemory)
     result: LeakResult | None = field(default=None, init=False)
     _before: dict[int, int] = field(default_factory=dict, init=False, repr=False)
-    _before_blocks: list[Block] = field(default_factory=list, init=False, repr=False)
+    _start_us: int = field(default=0, init=False, repr=False)
     _recording: StackRecording | None = field(default=None, init=False, repr=False)
     _where: str = field(default="the block", init=False, repr=False)
     _caller: tuple[str, str] | None = field(default=None, init=False, repr=False)
@@ -594,9 +619,8 @@ class NoCudaLeak:
                 self._recording.ensure()
             else:
                 self._recording.ensure_at_init()
+        self._start_us = time.time_ns() // 1000
         self._before = self.source.read()
-        if self._recording is not None and any(self._before.values()):
-            self._before_blocks = self._recording.live_blocks()
         return self
 
     def __exit__(
@@ -642,7 +666,7 @@ class NoCudaLeak:
                 stack_note="Stacks not recorded: CUDA was first used inside the block "
                 "before torch was imported; import torch before the block.",
             )
-        stacks = attribute(self._before_blocks, self._recording, result.leaked, self._caller)
+        stacks = attribute(self._start_us, result.leaked, self._caller)
         return replace(result, stacks=stacks)
 
 

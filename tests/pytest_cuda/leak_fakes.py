@@ -14,6 +14,7 @@ collection), so a leak is a tensor kept alive, exactly as on a GPU.
 
 from __future__ import annotations
 
+import time
 import traceback
 from typing import Any
 
@@ -35,9 +36,9 @@ SEAM = (
     "release_cached_blocks",
     "reset_compile_caches",
     "memory_history_enabled",
-    "start_memory_history",
+    "start_allocation_history",
     "stop_memory_history",
-    "memory_snapshot_segments",
+    "memory_snapshot",
     "reset_peak_memory_stats",
     "on_cuda_init",
     "status",
@@ -78,6 +79,8 @@ class FakeAllocator:
         self.blocks: dict[int, dict[str, Any]] = {}
         self.next_address = 0x7F00_0000_0000
         self.recording = False
+        self.max_entries = 0
+        self.events: list[list[dict[str, Any]]] = [[] for _ in range(devices)]
         self.workspaces: dict[int, FakeTensor] = {}
         self.fft_plans: dict[int, list[FakeTensor]] = {}
         self.compiled: list[FakeTensor] = []
@@ -113,6 +116,7 @@ class FakeAllocator:
             "requested": nbytes,
             "frames": frames,
         }
+        self._event(device, "alloc", address, size, frames)
         self.allocated[device] += size
         self.count[device] += 1
         self.peak[device] = max(self.peak[device], self.allocated[device])
@@ -122,6 +126,25 @@ class FakeAllocator:
         block = self.blocks.pop(address, None)
         if block is not None:
             self.allocated[block["device"]] -= block["size"]
+            self._event(block["device"], "free_completed", address, block["size"], [])
+
+    def _event(
+        self, device: int, action: str, address: int, size: int, frames: list[dict[str, Any]]
+    ) -> None:
+        # The allocator's ring of events, with epoch microseconds as torch gives them.
+        if not self.recording:
+            return
+        ring = self.events[device]
+        ring.append(
+            {
+                "action": action,
+                "addr": address,
+                "size": size,
+                "frames": frames,
+                "time_us": time.time_ns() // 1000,
+            }
+        )
+        del ring[: max(0, len(ring) - self.max_entries)]
 
     def matmul(self, device: int = 0) -> None:
         """A first matmul: cuBLAS keeps a workspace until it is cleared."""
@@ -188,19 +211,22 @@ class FakeAllocator:
     def memory_history_enabled(self) -> bool:
         return self.recording
 
-    def start_memory_history(self, max_entries: int) -> bool:
-        self.calls.append(f"start_memory_history({max_entries})")
-        self.init()
+    def start_allocation_history(self, max_entries: int) -> bool:
+        self.calls.append(f"start_allocation_history({max_entries})")
         if self.recording:
             return False
         self.recording = True
+        self.max_entries = max_entries
         return True
 
     def stop_memory_history(self) -> None:
         self.calls.append("stop_memory_history")
         self.recording = False
 
-    def memory_snapshot_segments(self) -> list[dict[str, Any]]:
+    def memory_snapshot(self) -> dict[str, Any]:
+        return {"segments": self._segments(), "device_traces": [list(r) for r in self.events]}
+
+    def _segments(self) -> list[dict[str, Any]]:
         segments = []
         for address, block in sorted(self.blocks.items()):
             segments.append(

@@ -27,10 +27,10 @@ from pytest_cuda.leaks import (
     Release,
     SettleStep,
     StackGroup,
+    blocks_allocated_since,
     blocks_from_segments,
     group_by_stack,
     growth,
-    new_blocks,
     no_cuda_leak,
     parse_leak_settings,
     settle,
@@ -198,11 +198,60 @@ def test_snapshot_blocks_are_the_allocated_ones_with_their_stacks() -> None:
     assert blocks_from_segments(segments) == [Block(1, 4096, 512, 4, (Frame(USER, 9, "test_it"),))]
 
 
-def test_new_blocks_are_those_not_alive_before_even_at_a_reused_address() -> None:
-    kept = Block(0, 100, 512, 512, (Frame(USER, 1, "setup"),))
-    reused = Block(0, 200, 512, 512, (Frame(USER, 7, "test_it"),))
-    old_at_200 = Block(0, 200, 512, 512, (Frame(USER, 2, "setup"),))
-    assert new_blocks([kept, old_at_200], [kept, reused]) == [reused]
+def alive(address: int, *where: tuple[str, int, str]) -> dict[str, object]:
+    return {
+        "address": address,
+        "size": 512,
+        "requested_size": 512,
+        "state": "active_allocated",
+        "frames": frames(*where),
+    }
+
+
+def event(action: str, address: int, time_us: int) -> dict[str, object]:
+    return {"action": action, "addr": address, "size": 512, "time_us": time_us}
+
+
+def test_the_event_ring_says_which_live_blocks_are_new() -> None:
+    snapshot = {
+        "segments": [
+            segment(
+                0,
+                alive(100, (USER, 1, "setup")),
+                alive(200, (USER, 7, "test_it")),
+                alive(300, (HELPER, 3, "make"), (USER, 8, "test_it")),
+            )
+        ],
+        "device_traces": [
+            [
+                event("alloc", 100, 900),
+                event("alloc", 200, 950),
+                event("free_completed", 200, 990),
+                event("alloc", 200, 1100),  # the address was reused during the check
+            ]
+        ],
+    }
+    found = blocks_allocated_since(snapshot, 1000)
+    assert [b.address for b in found] == [200]
+    # 300 has no event although the ring covers the check: it is older than the ring.
+    assert [b.address for b in blocks_allocated_since(snapshot, 1000, (USER, "test_it"))] == [200]
+
+
+def test_without_a_complete_ring_the_stack_decides() -> None:
+    snapshot = {
+        "segments": [
+            segment(
+                0,
+                alive(100, (USER, 1, "setup")),
+                alive(300, (HELPER, 3, "make"), (USER, 8, "test_it")),
+            )
+        ],
+        "device_traces": [[event("alloc", 500, 2000)]],  # wrapped after the start
+    }
+    assert [b.address for b in blocks_allocated_since(snapshot, 1000, (USER, "test_it"))] == [300]
+    assert blocks_allocated_since(snapshot, 1000) == []
+    no_ring = {"segments": snapshot["segments"], "device_traces": [[]]}
+    assert [b.address for b in blocks_allocated_since(no_ring, 1000, (USER, "test_it"))] == [300]
 
 
 def test_stacks_group_by_user_frames_largest_first() -> None:
@@ -252,6 +301,8 @@ def test_frame_filter_tells_user_code_from_libraries() -> None:
     assert not is_user(os.path.join(stdlib, "contextlib.py"))
     assert is_user(os.path.join(stdlib, "site-packages", "mylib", "ops.py"))
     assert not is_user("<frozen importlib._bootstrap>")
+    assert not is_user("/pytorch/c10/cuda/CUDACachingAllocator.cpp")
+    assert not is_user("??")
     assert FrameFilter.default().is_user(__file__)
     assert not FrameFilter.default().is_user(pytest.__file__)
     assert not FrameFilter.default().is_user(leaks.__file__)
@@ -393,7 +444,7 @@ def test_a_leaking_block_fails_with_the_allocating_line(fake: FakeAllocator) -> 
     )
     assert "512 B in 1 block on cuda:0 (4 B requested)" in message
     assert not fake.recording  # put back off
-    assert "start_memory_history(4096)" in fake.calls
+    assert "start_allocation_history(20000)" in fake.calls
 
 
 def test_recording_the_user_started_is_left_on(fake: FakeAllocator) -> None:
@@ -421,7 +472,7 @@ def test_without_trace_the_report_says_how_to_get_stacks(fake: FakeAllocator) ->
         no_cuda_leak(trace=False),
     ):
         LEAKED.append(fake.tensor(4096))
-    assert not any(call.startswith("start_memory_history") for call in fake.calls)
+    assert not any(call.startswith("start_allocation_history") for call in fake.calls)
 
 
 def test_warn_mode_warns_with_the_report(fake: FakeAllocator) -> None:
