@@ -1166,9 +1166,10 @@ def holder_summary(report: MemoryReport) -> list[str]:
         label = f"cuda:{index}"
         count = sum(1 for h in scan.holders if h.device == label)
         found.append(
-            f"{label}: names reach {format_bytes(scan.reachable(label))} in {count} storages; "
-            f"{format_bytes(unreachable)} is reachable from no name (autograd graphs, "
-            "closures, caches, tensors of other threads)"
+            f"{label}: names reach {format_bytes(scan.reachable(label))} in {count} "
+            f"storage{'' if count == 1 else 's'}; {format_bytes(unreachable)} is reachable "
+            "from no name (autograd graphs, closures, library workspaces such as cuBLAS's, "
+            "caches, other threads' tensors)"
         )
     if scan.truncated:
         found.append(f"the walk stopped after {scan.visited} objects; some names may be missing")

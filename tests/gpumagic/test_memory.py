@@ -534,7 +534,7 @@ def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.Mo
     assert (
         "   size  name  shape   dtype    device\n  400 B  x     (100,)  float32  cuda:0\n" in text
     )
-    assert "cuda:0: names reach 400 B in 1 storages; 1000 B is reachable from no name" in text
+    assert "cuda:0: names reach 400 B in 1 storage; 1000 B is reachable from no name" in text
 
 
 # ---------------------------------------------------------------------------
