@@ -4,7 +4,8 @@
   and checks one value with ``.item()``), run by pytest in a fresh process per run:
   the default run (the post-test health check on), ``--cuda-sync=per-op``,
   ``--cuda-sync=launch-blocking``, and the plugin switched off
-  (``-p no:pytest_cuda.sync_plugin``). Time = the median wall time of one test's whole
+  (``-p no:pytest_cuda.sync_plugin``), and the plugin with its synchronize swapped
+  for a no-op (its hooks alone). Time = the median wall time of one test's whole
   protocol (setup, call, teardown, reports, every plugin's hooks; the first 10 tests
   left out), so interpreter start and collection do not count. Runs are interleaved
   over rounds; medians over rounds, with min-max. Reported as ratios to the default
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 SUITE_TESTS = 200
 SUITE_CONFTEST = """
-import json, time
+import json, os, time
 import pytest
 import torch
 
@@ -62,6 +63,12 @@ def pytest_runtest_protocol(item):
         SPENT.append(time.perf_counter() - start)
 
 
+def pytest_sessionstart(session):
+    guard = session.config.pluginmanager.get_plugin("cuda.poison")
+    if os.environ.get("BENCH_NO_CHECK") and guard is not None:
+        guard.check = lambda: None  # the plugin's hooks without the synchronize
+
+
 def pytest_sessionfinish(session):
     with open("timing.json", "w") as out:
         json.dump(SPENT, out)
@@ -77,6 +84,7 @@ def test_{i}():
 SUITE_MODES = {
     "default": [],
     "plugin off": ["-p", "no:pytest_cuda.sync_plugin"],
+    "hooks only (check swapped out)": ["--bench-no-check"],
     "per-op": ["--cuda-sync=per-op"],
     "launch-blocking": ["--cuda-sync=launch-blocking"],
 }
@@ -100,6 +108,9 @@ def run_suite(root: Path, args: list[str]) -> float:
     """Seconds per test (the whole test protocol, median) in one fresh pytest run."""
     env = dict(os.environ)
     env.pop("CUDA_LAUNCH_BLOCKING", None)
+    if "--bench-no-check" in args:
+        args = [a for a in args if a != "--bench-no-check"]
+        env["BENCH_NO_CHECK"] = "1"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -331,6 +342,16 @@ def main() -> None:
         {"median": per_test_ms},
         "ms per test",
         target_ms=0.05,
+    )
+    hooks_ms = (
+        statistics.median(suite["hooks only (check swapped out)"])
+        - statistics.median(suite["plugin off"])
+    ) * 1000
+    record(
+        "of which the plugin's hooks (hooks only - plugin off)",
+        "default",
+        {"median": hooks_ms},
+        "ms per test",
     )
 
     check = bench_health_check()

@@ -414,8 +414,10 @@ class PoisonGuard:
         self._contained = False
 
     # -- the check --------------------------------------------------------
+    # trylast: inside pytest's output capture, so what a failing kernel prints when the
+    # check synchronizes (a device-side assert's condition) lands in this test's report.
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
         # Only a failing setup is checked: a fixture's GPU work that fails later is
         # caught after the body, on the same test.
@@ -426,7 +428,7 @@ class PoisonGuard:
                 self._after(item, "setup", raised)
             raise
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         try:
             result = yield
@@ -437,7 +439,7 @@ class PoisonGuard:
         self._after(item, "call", None)
         return result
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, object, object]:
         raised: BaseException | None = None
         result: object = None

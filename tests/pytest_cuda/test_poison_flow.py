@@ -33,7 +33,13 @@ POISONED = []
 
 
 def fake_check():
-    return cuda.AsyncCudaError(ASSERT, sticky=True) if POISONED else None
+    if not POISONED:
+        return None
+    if len(POISONED) == 1:
+        # What a real kernel prints when its assert fires, at the next synchronize.
+        os.write(2, b"IndexKernel.cu:111: Assertion `index out of bounds` failed.\\n")
+        POISONED.append(True)
+    return cuda.AsyncCudaError(ASSERT, sticky=True)
 
 
 def pytest_sessionstart(session):
@@ -104,7 +110,9 @@ def test_continue_is_the_default_and_blames_the_culprit_once(pytester: pytest.Py
             "this test left a sticky CUDA error (device-side assert triggered "
             "(cudaErrorAssert)): every later CUDA call in this process would fail, so the "
             "remaining tests continue in a fresh process (--cuda-on-poison=continue).",
-            "reproduce: CUDA_LAUNCH_BLOCKING=1 pytest 'test_planted.py::test_03'",
+            "reproduce: *CUDA_LAUNCH_BLOCKING=1 pytest 'test_planted.py::test_03'",
+            "*- Captured stderr call -*",
+            "IndexKernel.cu:111: Assertion `index out of bounds` failed.",
             "*= CUDA context poisoned =*",
             "test_planted.py::test_03 left a sticky CUDA error: device-side assert triggered "
             "(cudaErrorAssert); the tests after it ran in a fresh process",
@@ -223,12 +231,12 @@ def test_rerun_blocking_adds_the_line_that_really_failed(pytester: pytest.Pytest
             "*- pytest_cuda -*",
             "this test left a sticky CUDA error*",
             "re-run alone in a fresh process with CUDA_LAUNCH_BLOCKING=1: failed",
-            "  at conftest.py:27 in launch_bad_kernel",
+            "  at conftest.py:33 in launch_bad_kernel",
             "      raise RuntimeError(ASSERT)  # ...unless launches are synchronous.",
             "  called from test_planted.py:10 in test_03",
             "      gpu.launch_bad_kernel()  # the faulty line",
             "  RuntimeError: CUDA error: device-side assert triggered",
-            "reproduce: CUDA_LAUNCH_BLOCKING=1 pytest 'test_planted.py::test_03'",
+            "reproduce: *CUDA_LAUNCH_BLOCKING=1 pytest 'test_planted.py::test_03'",
         ]
     )
 
@@ -262,7 +270,7 @@ def test_rerun_blocking_says_when_the_test_passes_alone(pytester: pytest.Pyteste
             "re-run alone in a fresh process with CUDA_LAUNCH_BLOCKING=1: passed. Alone, the "
             "test does not fail: the failure needs what earlier tests left behind in this "
             "process, or it is intermittent.",
-            "reproduce: CUDA_LAUNCH_BLOCKING=1 pytest 'test_order.py::test_b'",
+            "reproduce: *CUDA_LAUNCH_BLOCKING=1 pytest 'test_order.py::test_b'",
         ]
     )
 
@@ -284,7 +292,7 @@ def test_a_cuda_error_raised_by_the_test_gets_a_repro_line(pytester: pytest.Pyte
         [
             "E       RuntimeError: CUDA error: invalid argument",
             "*- pytest_cuda -*",
-            "reproduce: CUDA_LAUNCH_BLOCKING=1 pytest 'test_raise.py::test_invalid'",
+            "reproduce: *CUDA_LAUNCH_BLOCKING=1 pytest 'test_raise.py::test_invalid'",
         ]
     )
     text = result.stdout.str()

@@ -3,7 +3,7 @@
 Test 3 indexes a CUDA tensor out of range: the kernel's assert fires after the test
 body has returned, and leaves the process's CUDA context unusable. Every run happens
 in a fresh pytest process (``runpytest_subprocess``): the assert would poison this one.
-With ``OUT`` set (the GPU check), each run's output is kept as ``planted-NAME.txt``.
+With ``OUT`` set (the GPU check), each run's output is kept in ``planted/``.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def run_planted(pytester: pytest.Pytester, name: str, *args: str) -> pytest.RunR
     out = os.environ.get("OUT")
     if out:
         text = f"$ pytest -rfE {' '.join(args)}  (exit status {result.ret})\n"
-        Path(out, f"planted-{name}.txt").write_text(
-            text + result.stdout.str() + result.stderr.str()
-        )
+        Path(out, "planted").mkdir(exist_ok=True)
+        path = Path(out, "planted", f"poison-{name}.txt")
+        path.write_text(text + result.stdout.str() + result.stderr.str())
     return result
 
 
@@ -81,6 +81,9 @@ def test_with_the_plugin_only_the_culprit_fails(pytester: pytest.Pytester) -> No
             "remaining tests continue in a fresh process*",
             "reproduce: CUDA_VISIBLE_DEVICES=* CUDA_LAUNCH_BLOCKING=1 pytest "
             "'test_planted.py::test_03'",
+            # printed by the kernel when the check synchronized: captured for test_03
+            "*- Captured stderr call -*",
+            '*Assertion `-sizes[[]i[]] <= index && index < sizes[[]i[]] && "index out of bounds"`*',
             "*= CUDA context poisoned =*",
             "test_planted.py::test_03 left a sticky CUDA error: device-side assert triggered "
             "(cudaErrorAssert); the tests after it ran in a fresh process",
@@ -136,7 +139,7 @@ def test_per_op_raises_at_the_faulty_line(pytester: pytest.Pytester) -> None:
     _raised_at_the_faulty_line(result)
     result.stdout.fnmatch_lines(
         [
-            "E       pytest_cuda: raised by the synchronize right after aten.index.Tensor "
+            "E  *pytest_cuda: raised by the synchronize right after aten.index.Tensor "
             "(per-op sync): this op queued the kernel that failed",
             "FAILED test_planted.py::test_03 - *CUDA error: device-side assert triggered*",
         ]

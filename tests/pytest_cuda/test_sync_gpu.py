@@ -50,7 +50,10 @@ def test_launch_waits_for_the_kernel():
 def _keep(name: str, result: pytest.RunResult) -> None:
     out = os.environ.get("OUT")
     if out:
-        Path(out, f"sync-{name}.txt").write_text(result.stdout.str() + result.stderr.str())
+        Path(out, "planted").mkdir(exist_ok=True)
+        Path(out, "planted", f"sync-{name}.txt").write_text(
+            result.stdout.str() + result.stderr.str()
+        )
 
 
 @pytest.mark.parametrize(
@@ -73,7 +76,7 @@ def test_launch_blocking_takes_effect_before_a_conftest_context(
     pytester.makeconftest(CONTEXT_AT_IMPORT)
     pytester.makepyfile(test_timing=LAUNCH_TIMING)
     result = pytester.runpytest_subprocess("-s", *args, timeout=TIMEOUT)
-    _keep("launch-" + ("-".join(a.strip("-") for a in args) or "default"), result)
+    _keep("launch-" + "-".join(a.strip("-").replace("=", "-") for a in ("default", *args)), result)
     result.assert_outcomes(passed=1)
     if not args or "-n" not in args:
         result.stdout.fnmatch_lines([f"*LAUNCH *s TOTAL *s BLOCKED {blocking} ENV *"])
