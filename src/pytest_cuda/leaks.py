@@ -135,11 +135,14 @@ class SettleStep:
     """One rung of the settling ladder.
 
     ``run`` gets the devices still over the tolerance and returns whether it did
-    anything (``False``: nothing to release, so no re-measure).
+    anything (``False``: nothing to release, so no re-measure). ``at_start``: the step
+    is also run before :func:`no_cuda_leak` takes its first reading, so that what was
+    held before the block cannot be released during the check and hide a leak.
     """
 
     name: str
     run: Callable[[tuple[int, ...]], bool]
+    at_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -316,12 +319,17 @@ class CudaMemory:
     def settle_steps(self) -> Sequence[SettleStep]:
         return (
             SettleStep("young garbage (gc generation 1)", _collect_young),
-            SettleStep("garbage collection", _collect_all),
-            SettleStep("cuBLAS/cuBLASLt workspaces", lambda d: cuda.release_blas_workspaces()),
-            SettleStep("cuFFT plan caches", cuda.clear_fft_plan_caches),
+            SettleStep("garbage collection", _collect_all, at_start=True),
+            SettleStep(
+                "cuBLAS/cuBLASLt workspaces",
+                lambda d: cuda.release_blas_workspaces(),
+                at_start=True,
+            ),
+            SettleStep("cuFFT plan caches", cuda.clear_fft_plan_caches, at_start=True),
             SettleStep(
                 "blocks freed on other streams (synchronize, empty_cache)",
                 _release_cached_blocks,
+                at_start=True,
             ),
             SettleStep(
                 "torch.compile caches (torch._dynamo.reset)",
@@ -619,9 +627,21 @@ class NoCudaLeak:
                 self._recording.ensure()
             else:
                 self._recording.ensure_at_init()
+        self._before = self._settled_start()
         self._start_us = time.time_ns() // 1000
-        self._before = self.source.read()
         return self
+
+    def _settled_start(self) -> dict[int, int]:
+        """The first reading, taken once garbage and library caches held from before the
+        block are released: otherwise the check could release them and hide a leak."""
+        reading = self.source.read()
+        if reading:
+            devices = tuple(sorted(reading))
+            for step in self.source.settle_steps():
+                if step.at_start:
+                    step.run(devices)
+            reading = self.source.read()
+        return reading
 
     def __exit__(
         self,
