@@ -141,7 +141,8 @@ def render(name: str, body: str, theme: str, workdir: Path) -> tuple[dict[str, A
     assert match, f"the check script did not run for {name}"
     report: dict[str, Any] = json.loads(html.unescape(match.group(1)))
     shot = workdir / f"{name}-{theme}.png"
-    height = min(max(int(report["height"]), 120), 4000)
+    # The headless window keeps about 80 px for itself: leave room below the output.
+    height = min(max(int(report["height"]), 120), 4000) + 100
     chromium(
         f"--screenshot={shot}",
         f"--window-size=1000,{height}",
