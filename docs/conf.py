@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Local extensions: magic_help (``%magic?`` text) and pytest_help (pytest_cuda's part of
+# ``pytest --help``, ``--markers`` and ``--fixtures``), generated at build time.
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
+
 project = "gpumagic"
 author = "gpumagic developers"
 copyright = "2026, gpumagic developers"
@@ -12,6 +19,8 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
+    "magic_help",
+    "pytest_help",
 ]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3

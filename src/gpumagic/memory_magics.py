@@ -113,14 +113,14 @@ class GpuMemMagics(Magics):
     @argument(
         "--trace",
         action="store_true",
-        help="%%gpumem only: attribute the memory still allocated after the cell to the "
+        help="%%%%gpumem only: attribute the memory still allocated after the cell to the "
         "lines that allocated it (torch's allocation stacks, recorded only during the "
         "cell).",
     )
     @argument(
         "--keep-peak",
         action="store_true",
-        help="%%gpumem and watch: never reset the allocator's peak counters; when your "
+        help="%%%%gpumem and watch: never reset the allocator's peak counters; when your "
         "earlier peak hides the cell's, report an upper bound instead.",
     )
     @argument(

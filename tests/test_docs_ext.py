@@ -1,0 +1,125 @@
+"""The docs' generated reference text (``docs/_ext``) matches what the tools print.
+
+``magic-help`` must be what ``%magic?`` shows; ``pytest-help``, ``pytest-markers`` and
+``pytest-fixtures`` must hold every option, marker and fixture pytest_cuda registers.
+Generating them imports no torch and creates no CUDA context.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import ModuleType
+
+EXT = Path(__file__).resolve().parents[1] / "docs" / "_ext"
+MAGICS = {
+    "cudatime": "gpumagic.timing_magics:CudaTimeMagics.cudatime",
+    "gpumem": "gpumagic.memory_magics:GpuMemMagics.gpumem",
+    "lprun": "gpumagic.lprun_magics:LprunMagics.lprun",
+}
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def ext() -> Iterator[tuple[ModuleType, ModuleType]]:
+    sys.path.insert(0, str(EXT))
+    try:
+        import magic_help
+        import pytest_help
+
+        yield magic_help, pytest_help
+    finally:
+        sys.path.remove(str(EXT))
+
+
+@pytest.mark.parametrize("magic", sorted(MAGICS))
+def test_magic_help_is_what_the_question_mark_shows(
+    ext: tuple[ModuleType, ModuleType], magic: str
+) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    magic_help, _ = ext
+    InteractiveShell.clear_instance()
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "gpumagic")
+        shown = ANSI.sub("", shell.object_inspect_mime(f"%{magic}")["text/plain"])
+    finally:
+        InteractiveShell.clear_instance()
+    text = magic_help.magic_help(MAGICS[magic])
+    assert f"Docstring:\n{text}" in shown
+
+
+def test_magic_help_lists_every_option(ext: tuple[ModuleType, ModuleType]) -> None:
+    magic_help, _ = ext
+    text = magic_help.magic_help(MAGICS["cudatime"])
+    for option in ("--kernels", "--graph", "--cold", "--sync-check", "--budget SECONDS"):
+        assert option in text
+    assert "%%gpumem only" in magic_help.magic_help(MAGICS["gpumem"])
+    assert "--no-sync" in magic_help.magic_help(MAGICS["lprun"])
+
+
+def test_pytest_help_holds_every_option_marker_and_fixture(
+    ext: tuple[ModuleType, ModuleType], pytester: pytest.Pytester
+) -> None:
+    _, pytest_help = ext
+    config = pytester.parseconfigure()
+    # --cuda-internal-*: between pytest_cuda's own processes, hidden from --help.
+    options = sorted(
+        "--" + k.replace("_", "-")
+        for k in vars(config.option)
+        if k.startswith("cuda") and not k.startswith("cuda_internal")
+    )
+    assert "--cuda-leak-check" in options
+    help_text = pytest_help.cuda_help()
+    assert help_text.startswith("CUDA devices (pytest_cuda):")
+    for option in options:
+        assert f"  {option}" in help_text, option
+    assert "  cuda_devices (string):" in help_text
+
+    markers = [m.split("(")[0].split(":")[0] for m in config.getini("markers")]
+    ours = sorted(m for m in markers if m.startswith("cuda"))
+    assert ours == ["cuda", "cuda_leak_check", "cuda_no_sync", "cuda_sync"]
+    marker_text = pytest_help.cuda_markers()
+    for marker in ours:
+        assert f"@pytest.mark.{marker}" in marker_text
+
+    fixtures = pytest_help.cuda_fixtures()
+    for fixture in ("cuda_device [session scope]", "cuda_devices", "cuda_no_sync", "no_cuda_leak"):
+        assert re.search(rf"^{re.escape(fixture)}$", fixtures, re.MULTILINE), fixture
+    assert " -- " not in fixtures  # file locations are left out
+
+
+def test_subsets_and_unknown_names(ext: tuple[ModuleType, ModuleType]) -> None:
+    _, pytest_help = ext
+    leak = pytest_help.cuda_help(["--cuda-leak-check", "--cuda-leak-trace"])
+    assert leak.startswith("  --cuda-leak-check")
+    assert "--cuda-devices" not in leak
+    assert "cuda_devices (string)" in pytest_help.cuda_help(["cuda_devices"])
+    with pytest.raises(ValueError, match="--cuda-nonsense"):
+        pytest_help.cuda_help(["--cuda-nonsense"])
+    with pytest.raises(ValueError, match="cuda_nonsense"):
+        pytest_help.cuda_markers(["cuda_nonsense"])
+    with pytest.raises(ValueError, match="cuda_nonsense"):
+        pytest_help.cuda_fixtures(["cuda_nonsense"])
+
+
+def test_generating_the_text_imports_no_torch() -> None:
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(EXT)!r})\n"
+        "import magic_help, pytest_help\n"
+        f"for target in {sorted(MAGICS.values())!r}:\n"
+        "    magic_help.magic_help(target)\n"
+        "pytest_help.cuda_help(); pytest_help.cuda_markers(); pytest_help.cuda_fixtures()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
