@@ -693,7 +693,7 @@ def _describe_rerun(reports: list[pytest.TestReport], status: int, tail: str) ->
 # Reporting the culprits, once.
 
 
-@dataclass
+@dataclass(eq=False)  # registered as a plugin: pytest keeps plugins in sets
 class PoisonSummary:
     """The session's culprits, in a section of the terminal summary."""
 
