@@ -24,8 +24,8 @@ demo: $(STAMP)
 test: lint typecheck pytest docs
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m ruff format --check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples scripts docs/conf.py docs/_ext
+	$(PY) -m ruff format --check src tests benchmarks examples scripts docs/conf.py docs/_ext
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
