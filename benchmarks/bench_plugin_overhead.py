@@ -3,7 +3,7 @@
 Generates a 1,000-test CPU-only suite and runs it in fresh ``pytest`` processes three
 ways, interleaved round by round (the order rotating) so drift in machine load hits
 all alike: ``-p no:cuda`` (the anchor), the core alone (the modules in
-``pytest_cuda.plugin.pytest_plugins`` blocked: leak checks, sync modes) and the whole
+``pytest_cuda.plugin.MODE_PLUGINS`` blocked: leak checks, sync modes) and the whole
 plugin as installed. Reports the median wall time of each, the median of the paired
 differences to the anchor, and whether torch was imported. The suite's conftest records
 ``"torch" in sys.modules`` at session end. Bytecode caches are written in the warm-up
@@ -86,7 +86,7 @@ def write_suite(root: Path) -> None:
 # The three ways to run the suite: pytest options for each.
 VARIANTS: dict[str, list[str]] = {
     "off": ["-p", "no:cuda"],
-    "core": [arg for module in plugin.pytest_plugins for arg in ("-p", f"no:{module}")],
+    "core": [arg for module in plugin.MODE_PLUGINS for arg in ("-p", f"no:{module}")],
     "on": [],
 }
 
@@ -174,7 +174,7 @@ def main() -> None:
         "pytest": pytest.__version__,
         "tests": TESTS,
         "rounds": args.rounds,
-        "blocked_for_core": list(plugin.pytest_plugins),
+        "blocked_for_core": list(plugin.MODE_PLUGINS),
         "discovery_median_ms": round(1000 * statistics.median(discovery), 2),
         "discovery_imported_torch": discovery_imported_torch,
     }

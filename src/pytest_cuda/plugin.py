@@ -1,7 +1,7 @@
 """pytest_cuda's hooks: device selection, the ``cuda`` marker, device fixtures, strict mode.
 
 Loaded through the ``pytest11`` entry point as ``cuda`` (``-p no:cuda`` turns it off,
-with the modules in :data:`pytest_plugins`). Free when unused: importing it imports
+with the modules in :data:`MODE_PLUGINS`). Free when unused: importing it imports
 neither torch nor NVML, and a run whose tests use no CUDA feature does no discovery at
 all. Discovery (NVML and torch's version file: no torch import, no CUDA context) runs
 when devices are asked for, when xdist workers start, or after collection when some
@@ -12,20 +12,21 @@ Public API for the other pytest_cuda modules:
 
 * :func:`selected_devices` — the devices this process's tests may use;
 * :func:`cuda_requirement` — what a test's ``cuda`` markers (or device fixtures) ask;
-* :func:`item_devices` — the devices one test is given.
+* :func:`item_devices` — the devices one test is given;
+* :func:`marker_names` — the markers a collection uses anywhere (one look per node).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import pytest
 
 if TYPE_CHECKING:
     import torch
     from _pytest.config.argparsing import Parser
+    from _pytest.nodes import Node
 
     from gpumagic.devices import CudaStatus, DeviceInfo
     from pytest_cuda.markers import CudaRequirement
@@ -35,14 +36,16 @@ if TYPE_CHECKING:
 # The seam (gpumagic.cuda), the marker and selection logic are imported where they are
 # first needed: pytest imports this module on every run, CUDA tests or not.
 
-__all__ = ["cuda_requirement", "item_devices", "selected_devices"]
+__all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices"]
 
-# Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes) register
-# here: pytest loads them with this module, so ``-p no:cuda`` turns them all off.
-pytest_plugins: tuple[str, ...] = ("pytest_cuda.leak_plugin", "pytest_cuda.sync_plugin")
+#: Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes): loaded
+#: with this module, so ``-p no:cuda`` turns them all off, each under its module name
+#: (``-p no:pytest_cuda.sync_plugin`` turns one off).
+MODE_PLUGINS: tuple[str, ...] = ("pytest_cuda.leak_plugin", "pytest_cuda.sync_plugin")
 
 ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
+_DEVICE_FIXTURE_SET = frozenset(DEVICE_FIXTURES)
 
 CUDA_MARKER_DOC = (
     "cuda(min_devices=1, min_memory=None, min_capability=None): the test needs CUDA: "
@@ -53,8 +56,7 @@ CUDA_MARKER_DOC = (
 )
 
 
-@dataclass(frozen=True)
-class _RunDevices:
+class _RunDevices(NamedTuple):
     """What this process found and was asked for; one per config, built on first use."""
 
     status: CudaStatus
@@ -69,12 +71,16 @@ _RUN_DEVICES = pytest.StashKey[_RunDevices]()
 _HEADER_SHOWN = pytest.StashKey[bool]()
 _USES_CUDA = pytest.StashKey[bool]()
 _ANY_CUDA = pytest.StashKey[bool]()
+SETUP_NAME = "cuda.setup"
+_MARKER_NAMES = pytest.StashKey[tuple[list[pytest.Item], int, frozenset[str]]]()
 
 
 def pytest_addoption(parser: Parser) -> None:
     group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+    # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
         "--cuda-devices",
+        dest="cuda_devices",
         metavar="INDICES",
         default=None,
         help="the CUDA devices this run may use: indices into the visible devices "
@@ -84,6 +90,7 @@ def pytest_addoption(parser: Parser) -> None:
     )
     group.addoption(
         "--cuda-devices-per-worker",
+        dest="cuda_devices_per_worker",
         metavar="K",
         type=int,
         default=None,
@@ -92,6 +99,7 @@ def pytest_addoption(parser: Parser) -> None:
     )
     group.addoption(
         "--cuda-require",
+        dest="cuda_require",
         action="store_true",
         default=False,
         help="strict mode for GPU CI: a test that would be skipped for lack of a GPU, "
@@ -106,8 +114,32 @@ def pytest_addoption(parser: Parser) -> None:
 
 
 def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager) -> None:
-    # -n auto asks pytest_xdist_auto_num_workers inside pytest_cmdline_main, before
-    # pytest_configure, so the xdist hooks are registered as soon as xdist is.
+    if getattr(plugin, "__name__", None) == __name__:
+        # This module, just registered. Not ``pytest_plugins``: for each name there
+        # pytest first reads the entry points of every installed distribution (2 ms
+        # per name with 100 of them), on every run.
+        for name in MODE_PLUGINS:
+            manager.import_plugin(name)
+        manager.register(CudaTestSetup(), SETUP_NAME)
+        config = manager.get_plugin("pytestconfig")
+        if isinstance(config, pytest.Config):  # loaded by a conftest, after the options
+            _pin_workers(config)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    _pin_workers(early_config)
+
+
+def _pin_workers(config: pytest.Config) -> None:
+    """Register the xdist hooks where xdist is to start workers (``-n``, ``--tx``).
+
+    Once the options are read and before ``pytest_cmdline_main``, where ``-n auto``
+    asks ``pytest_xdist_auto_num_workers`` for the number of workers.
+    """
+    namespace = getattr(config, "known_args_namespace", None)  # None: not read yet
+    if not (getattr(namespace, "numprocesses", None) or getattr(namespace, "tx", None)):
+        return
+    manager = config.pluginmanager
     if manager.has_plugin("xdist") and not manager.has_plugin("cuda.xdist"):
         from pytest_cuda.xdist_pinning import XdistPinning
 
@@ -132,12 +164,23 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # One look at each test (after deselection) serves the header and every setup.
-    any_cuda = False
-    for item in items:
-        item.stash[_USES_CUDA] = uses = _uses_cuda(item)
-        any_cuda = any_cuda or uses
+    # One look at each test (after deselection) serves the header and every setup; the
+    # markers are looked up per test only where some node carries a ``cuda`` marker.
+    marked = "cuda" in marker_names(config, items)
+    uses = [_uses_cuda(item, marked) for item in items]
+    any_cuda = any(uses)
     config.stash[_ANY_CUDA] = any_cuda
+    manager = config.pluginmanager
+    setup = manager.get_plugin(SETUP_NAME)
+    if not any_cuda:
+        # No test here uses CUDA: no check before each one.
+        if setup is not None:
+            manager.unregister(setup)
+        return
+    if setup is None and not manager.is_blocked(SETUP_NAME):
+        manager.register(CudaTestSetup(), SETUP_NAME)  # a second collection that does
+    for item, used in zip(items, uses, strict=True):
+        item.stash[_USES_CUDA] = used
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
@@ -182,8 +225,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
+class CudaTestSetup:
+    """Before each test: skip it (fail it under ``--cuda-require``) when its ``cuda``
+    needs are not met here. Registered with this module; unregistered after collection
+    when no collected test uses CUDA, so such a run pays nothing per test."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        _check_before(item)
+
+
+def _check_before(item: pytest.Item) -> None:
     uses = item.stash.get(_USES_CUDA, None)
     if not (_uses_cuda(item) if uses is None else uses):
         return  # the common case, kept cheap: no marker parsing, no discovery
@@ -289,6 +341,34 @@ def item_devices(item: pytest.Item) -> tuple[DeviceInfo, ...]:
     return (param,) if param is not None else selected_devices(item.config)
 
 
+def marker_names(config: pytest.Config, items: list[pytest.Item]) -> frozenset[str]:
+    """The names of the markers on ``items`` and on their parents (module, class...).
+
+    The same markers ``item.get_closest_marker`` finds, with one look at each node
+    instead of a walk up the tree per test and name: collection hooks use it to do
+    nothing per test when no test carries their marker. Worked out once per list of
+    items: the other pytest_cuda modules' collection hooks run right after this
+    module's, on the same list.
+    """
+    cached = config.stash.get(_MARKER_NAMES, None)
+    if cached is not None and cached[0] is items and cached[1] == len(items):
+        return cached[2]
+    names: set[str] = set()
+    seen: set[int] = set()
+    for item in items:
+        node: Node | None = item
+        while node is not None and id(node) not in seen:
+            seen.add(id(node))
+            for mark in node.own_markers:
+                name = getattr(mark, "name", None)
+                if isinstance(name, str):
+                    names.add(name)
+            node = node.parent
+    found = frozenset(names)
+    config.stash[_MARKER_NAMES] = (items, len(items), found)
+    return found
+
+
 # ---------------------------------------------------------------------------
 # Inside.
 
@@ -300,11 +380,14 @@ def _asked_for_devices(config: pytest.Config) -> bool:
     )
 
 
-def _uses_cuda(item: pytest.Item) -> bool:
-    """A ``cuda`` marker or a device fixture (cheap: no marker parsing, no discovery)."""
-    if item.get_closest_marker("cuda") is not None:
+def _uses_cuda(item: pytest.Item, marked: bool = True) -> bool:
+    """A ``cuda`` marker or a device fixture (cheap: no marker parsing, no discovery).
+
+    ``marked=False``: no node of the run carries a ``cuda`` marker (:func:`marker_names`).
+    """
+    if marked and item.get_closest_marker("cuda") is not None:
         return True
-    return not set(DEVICE_FIXTURES).isdisjoint(getattr(item, "fixturenames", ()))
+    return not _DEVICE_FIXTURE_SET.isdisjoint(getattr(item, "fixturenames", ()))
 
 
 def _device_request(config: pytest.Config) -> DeviceRequest | None:

@@ -28,10 +28,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
+    from gpumagic.cuda import AsyncCudaError
+
 __all__ = [
     "ChildRun",
     "CudaErrorInfo",
+    "Culprit",
     "EventWriter",
+    "Surfaced",
     "Workdirs",
     "child_argv",
     "child_env",
@@ -90,6 +94,23 @@ class CudaErrorInfo:
 
     def describe(self) -> str:
         return f"{self.text} ({self.name})" if self.name else self.text
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The test that left a sticky CUDA error, and the phase after which it was found."""
+
+    nodeid: str
+    when: str
+    error: CudaErrorInfo
+
+
+@dataclass(frozen=True)
+class Surfaced:
+    """An error the post-phase check found; ``failed_phase``: it alone failed the phase."""
+
+    error: AsyncCudaError
+    failed_phase: bool
 
 
 def classify(message: str) -> CudaErrorInfo | None:

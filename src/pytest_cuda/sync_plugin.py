@@ -18,52 +18,31 @@ no:pytest_cuda.sync_plugin`` turns it off alone):
   makes the host wait for the GPU implicitly.
 
 CUDA is touched only through :mod:`gpumagic.cuda`, and only in processes where torch
-has initialised CUDA (or where the user asked for a CUDA check).
+has initialised CUDA (or where the user asked for a CUDA check). pytest imports this
+module on every run, so it holds the options, markers, fixture and configuration only:
+the per-test hooks are in :mod:`pytest_cuda.sync_checks`, imported and registered when
+they have work (a sync mode asked for, a CUDA library imported, an option given).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import pytest
 
-import gpumagic
-import pytest_cuda
-from gpumagic import cuda
-from pytest_cuda.continuation import (
-    Continuation,
-    ResumedRun,
-    SkipRemaining,
-    child_argv_for,
-    report_from_data,
-)
-from pytest_cuda.poison import (
-    ChildRun,
-    CudaErrorInfo,
-    Workdirs,
-    child_env,
-    classify,
-    write_nodeids,
-)
-from pytest_cuda.repro import (
-    FailureSite,
-    describe_sync_op,
-    failure_site,
-    library_dirs,
-    repro_command,
-)
-
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator, Iterator
+    import contextlib
+    from collections.abc import Callable
 
     from _pytest.config.argparsing import Parser
+
+    from gpumagic import cuda
+    from pytest_cuda.sync_checks import PhaseChecks
 
 __all__ = ["POISON_ACTIONS", "SYNC_MODES"]
 
@@ -89,8 +68,7 @@ CUDA_NO_SYNC_MARKER_DOC = (
 Action = Literal["continue", "stop", "skip", "replace-worker", "stop-child"]
 
 
-@dataclass(frozen=True)
-class DebugOptions:
+class DebugOptions(NamedTuple):
     """This process's debug options, checked once in ``pytest_configure``."""
 
     sync: str | None
@@ -107,22 +85,25 @@ class DebugOptions:
 _OPTIONS = pytest.StashKey[DebugOptions]()
 _NOTES = pytest.StashKey[dict[str, None]]()
 
+#: Libraries that run CUDA work and whose CUDA errors
+#: :func:`pytest_cuda.poison.classify` recognises. The checks after each test phase start
+#: when one of them is imported (or an option of this plugin is given): until then no
+#: test of this process has run CUDA work through them, and the health check itself
+#: needs torch.
+CUDA_LIBRARIES = frozenset({"torch", "cupy", "numba", "cuda", "pycuda", "jax"})
 
-@dataclass(frozen=True)
-class Surfaced:
-    """An error the post-phase check found; ``failed_phase``: it alone failed the phase."""
-
-    error: cuda.AsyncCudaError
-    failed_phase: bool
-
-
-_ASYNC = pytest.StashKey[dict[str, Surfaced]]()
+#: The plugins registered when they have something to do.
+CHECKS_NAME = "cuda.poison-checks"
+CULPRIT_REPORTS_NAME = "cuda.poison-culprit-reports"
+SUMMARY_NAME = "cuda.poison-summary"
 
 
 def pytest_addoption(parser: Parser) -> None:
     group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+    # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
         "--cuda-sync",
+        dest="cuda_sync",
         choices=SYNC_MODES,
         default=None,
         help="debug asynchronous CUDA errors. launch-blocking: set CUDA_LAUNCH_BLOCKING=1 "
@@ -133,6 +114,7 @@ def pytest_addoption(parser: Parser) -> None:
     )
     group.addoption(
         "--cuda-on-poison",
+        dest="cuda_on_poison",
         choices=POISON_ACTIONS,
         default=None,
         help="after a test leaves a sticky CUDA error (a device-side assert, an illegal "
@@ -143,15 +125,22 @@ def pytest_addoption(parser: Parser) -> None:
     )
     group.addoption(
         "--cuda-rerun-blocking",
+        dest="cuda_rerun_blocking",
         action="store_true",
         default=False,
         help="re-run each test that failed with a CUDA error once, alone, in a fresh "
         "process with CUDA_LAUNCH_BLOCKING=1, and add the line where it really failed "
         "to its report.",
     )
-    group.addoption("--cuda-internal-resume", default=None, help=argparse.SUPPRESS)
     group.addoption(
-        "--cuda-internal-rerun", action="store_true", default=False, help=argparse.SUPPRESS
+        "--cuda-internal-resume", dest="cuda_internal_resume", default=None, help=argparse.SUPPRESS
+    )
+    group.addoption(
+        "--cuda-internal-rerun",
+        dest="cuda_internal_rerun",
+        action="store_true",
+        default=False,
+        help=argparse.SUPPRESS,
     )
 
 
@@ -164,6 +153,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     namespace = early_config.known_args_namespace
     if getattr(namespace, "cuda_sync", None) != "launch-blocking":
         return
+    from gpumagic import cuda
+
     previous = os.environ.get(LAUNCH_BLOCKING)
     if previous != "1" and cuda.is_initialized():
         raise pytest.UsageError(
@@ -196,13 +187,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_NOTES] = {}
     manager = config.pluginmanager
     if _is_xdist_controller(config):
+        from pytest_cuda.sync_checks import XdistCulprits
+
         manager.register(XdistCulprits(), "cuda.poison-xdist")
     else:
-        manager.register(PoisonGuard(config, options), "cuda.poison")
+        guard = PoisonGuard(config, options)
+        manager.register(guard, "cuda.poison")
+        if _asked_for_checks(config, options) or _cuda_library_imported():
+            guard.start_checking()
+        else:
+            guard.watch_imports()
     if options.resume is not None:
+        from pytest_cuda.continuation import ResumedRun
+
         manager.register(ResumedRun(config, options.resume), "cuda.resumed-run")
     elif not hasattr(config, "workerinput") and not _is_xdist_controller(config):
-        manager.register(PoisonSummary(), "cuda.poison-summary")
+        manager.register(PoisonSummary(), SUMMARY_NAME)
     if options.sync == "per-op":
         _register_sync_modes(config)
 
@@ -241,6 +241,16 @@ def _options(config: pytest.Config) -> DebugOptions:
     return DebugOptions(sync, on_poison, rerun_blocking, action, resume, rerun, downgraded)
 
 
+def _asked_for_checks(config: pytest.Config, options: DebugOptions) -> bool:
+    """An option of this plugin is given (or this process runs a parent's tests)."""
+    return bool(
+        options.sync
+        or options.rerun_blocking
+        or options.resume is not None
+        or config.getoption("cuda_on_poison")
+    )
+
+
 def _is_xdist_controller(config: pytest.Config) -> bool:
     return (
         not hasattr(config, "workerinput")
@@ -251,6 +261,8 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 def _register_sync_modes(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("cuda.sync-modes"):
+        from pytest_cuda.sync_checks import SyncModes
+
         per_op = config.stash[_OPTIONS].sync == "per-op"
         config.pluginmanager.register(SyncModes(config, per_op_all=per_op), "cuda.sync-modes")
 
@@ -270,6 +282,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         parts.append("--cuda-rerun-blocking")
     if not parts:
         return []
+    from gpumagic import cuda
+
     lines = ["cuda debug: " + ", ".join(parts)]
     status = cuda.status()
     if not status.available:
@@ -281,75 +295,24 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The markers switch the sync modes on for their tests only; a run without them
     # pays nothing per test.
-    names = ("cuda_sync", "cuda_no_sync")
-    if any(item.get_closest_marker(name) for item in items for name in names):
+    from pytest_cuda.plugin import marker_names
+
+    if not marker_names(config, items).isdisjoint(("cuda_sync", "cuda_no_sync")):
         _register_sync_modes(config)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    notes = config.stash.get(_NOTES, {})
-    for note in notes:
-        terminalreporter.write_line(f"cuda debug: {note}", yellow=True)
+    for line in config.stash.get(_NOTES, {}):
+        terminalreporter.write_line(f"cuda debug: {line}", yellow=True)
 
 
-def _note(config: pytest.Config, text: str) -> None:
+def note(config: pytest.Config, text: str) -> None:
+    """A line for the end of the run (``cuda debug: ...``), once however often noted."""
     config.stash.setdefault(_NOTES, {})[text] = None
 
 
 # ---------------------------------------------------------------------------
-# per-op sync and implicit-sync checks, for the tests that ask for them.
-
-
-class SyncModes:
-    """Wraps the body of each test that asks (option or marker) in its CUDA checks."""
-
-    def __init__(self, config: pytest.Config, *, per_op_all: bool) -> None:
-        self.config = config
-        self.per_op_all = per_op_all
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        per_op = self.per_op_all or item.get_closest_marker("cuda_sync") is not None
-        no_sync = item.get_closest_marker("cuda_no_sync") is not None
-        if not (per_op or no_sync):
-            return (yield)
-        status = cuda.status()
-        if not status.available:
-            if per_op:
-                _note(self.config, f"per-op sync did nothing: CUDA unavailable: {status.reason}")
-            if no_sync:
-                _note(
-                    self.config, f"cuda_no_sync checked nothing: CUDA unavailable: {status.reason}"
-                )
-            return (yield)
-        with contextlib.ExitStack() as stack:
-            if no_sync:
-                stack.enter_context(_no_implicit_sync(self.config))
-            if per_op:
-                stack.enter_context(cuda.sync_after_each_op())
-            return (yield)
-
-
-@contextlib.contextmanager
-def _no_implicit_sync(config: pytest.Config) -> Iterator[None]:
-    status = cuda.status()
-    if not status.available:
-        _note(config, f"cuda_no_sync checked nothing: CUDA unavailable: {status.reason}")
-        yield
-        return
-    try:
-        with cuda.forbid_implicit_sync():
-            yield
-    except RuntimeError as error:
-        if cuda.SYNC_WARNING_MESSAGE not in str(error):
-            raise
-        op = error.op if isinstance(error, cuda.ImplicitSyncError) else None
-        site = failure_site(error.__traceback__, _skip_dirs(), relative_to=config.rootpath)
-        where = f" at {site.describe()}" if site else ""
-        pytest.fail(
-            f"cuda_no_sync: implicit host-device synchronization: {describe_sync_op(op)}{where}",
-            pytrace=False,
-        )
+# The implicit-sync check for a block (the markers' modes are in sync_checks).
 
 
 @pytest.fixture
@@ -367,339 +330,120 @@ def cuda_no_sync(
     mode is process-wide while the block runs. Without CUDA the block checks nothing
     and the run ends with a note. ``@pytest.mark.cuda_no_sync`` covers a whole test.
     """
-    return functools.partial(_no_implicit_sync, request.config)
+    from pytest_cuda.sync_checks import no_implicit_sync
 
-
-def _skip_dirs() -> tuple[str, ...]:
-    """Frames that are not the user's: libraries, torch (once imported), ours."""
-    ours = (Path(gpumagic.__file__).parent, Path(pytest_cuda.__file__).parent)
-    return library_dirs((*ours, cuda.torch_package_dir()))
+    return functools.partial(no_implicit_sync, request.config)
 
 
 # ---------------------------------------------------------------------------
-# Poisoned contexts: the check after each test, the blame, the containment.
+# Poisoned contexts: the guard, registered in every process that runs tests.
 
 
-@dataclass(frozen=True)
-class Culprit:
-    nodeid: str
-    when: str
-    error: CudaErrorInfo
-
-
-def _may_be_cuda(error: BaseException) -> bool:
-    """Assertions and pytest outcomes may quote a CUDA error; they are not one."""
-    return isinstance(error, Exception) and not isinstance(error, AssertionError)
-
-
-def _is_interrupt(error: BaseException) -> bool:
-    return isinstance(error, KeyboardInterrupt | SystemExit | pytest.exit.Exception)
+def _cuda_library_imported() -> bool:
+    return not CUDA_LIBRARIES.isdisjoint(sys.modules)
 
 
 class PoisonGuard:
     """After each test phase that ran with a CUDA context: is the context still usable?
 
     The check is one device synchronize (:func:`gpumagic.cuda.async_error`) and is
-    skipped entirely in processes where torch has not initialised CUDA.
+    skipped entirely in processes where torch has not initialised CUDA. The hooks that
+    run it after each phase and give a CUDA failure its repro command
+    (:class:`~pytest_cuda.sync_checks.PhaseChecks`) are registered once they can
+    matter: when an option of this plugin is given, the check is swapped, or one of
+    :data:`CUDA_LIBRARIES` is imported (a :class:`CudaImportWatch` sees the first
+    import). A run that never imports one pays nothing per test.
+
+    When a test imports the first of them itself, the checks start in the middle of
+    that test: the phase that imports it runs without the check after it (its report
+    still gets the notes), and the test is checked after its teardown.
     """
 
     def __init__(self, config: pytest.Config, options: DebugOptions) -> None:
         self.config = config
         self.options = options
-        #: The health check; tests swap it to simulate a sticky error without a GPU.
-        self.check: Callable[[], cuda.AsyncCudaError | None] = cuda.async_error
-        self.culprit: Culprit | None = None
-        self.workdirs = Workdirs()
-        self.continuation: Continuation | None = None
-        self._contained = False
+        self._check: Callable[[], cuda.AsyncCudaError | None] | None = None
+        self.checks: PhaseChecks | None = None
+        self._watch: CudaImportWatch | None = None
 
-    # -- the check --------------------------------------------------------
-    # trylast: inside pytest's output capture, so what a failing kernel prints when the
-    # check synchronizes (a device-side assert's condition) lands in this test's report.
+    @property
+    def check(self) -> Callable[[], cuda.AsyncCudaError | None]:
+        """The health check; tests swap it to simulate a sticky error without a GPU."""
+        if self._check is None:
+            from gpumagic import cuda
 
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
-        # Only a failing setup is checked: a fixture's GPU work that fails later is
-        # caught after the body, on the same test.
+            self._check = cuda.async_error
+        return self._check
+
+    @check.setter
+    def check(self, check: Callable[[], cuda.AsyncCudaError | None]) -> None:
+        self._check = check
+        self.start_checking()  # a swapped check is called whether torch is imported or not
+
+    def start_checking(self) -> None:
+        """Check after every test phase from now on."""
+        self.unwatch_imports()
+        if self.checks is None:
+            from pytest_cuda.sync_checks import PhaseChecks
+
+            self.checks = PhaseChecks(self)
+            self.config.pluginmanager.register(self.checks, CHECKS_NAME)
+
+    def watch_imports(self) -> None:
+        """Start checking when a CUDA library is first imported."""
+        self._watch = CudaImportWatch(self)
+        sys.meta_path.insert(0, self._watch)
+
+    def unwatch_imports(self) -> bool:
+        """Stop watching; ``True`` for the one call that took the watch off."""
+        watch = self._watch
+        if watch is None:
+            return False
+        self._watch = None
         try:
-            return (yield)
-        except BaseException as raised:
-            if not _is_interrupt(raised) and not isinstance(raised, pytest.skip.Exception):
-                self._after(item, "setup", raised)
-            raise
-
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        try:
-            result = yield
-        except BaseException as raised:
-            if not _is_interrupt(raised):
-                self._after(item, "call", raised)
-            raise
-        self._after(item, "call", None)
-        return result
-
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, object, object]:
-        raised: BaseException | None = None
-        result: object = None
-        try:
-            result = yield
-        except BaseException as error:
-            if _is_interrupt(error):
-                raise
-            raised = error
-        found: BaseException | None = None
-        try:
-            self._after(item, "teardown", raised)
-        except pytest.fail.Exception as error:
-            found = error
-        if self.culprit is not None and self.culprit.nodeid == item.nodeid:
-            _teardown_everything(item)
-        if raised is not None:
-            raise raised
-        if found is not None:
-            raise found
-        return result
-
-    def _after(self, item: pytest.Item, when: str, raised: BaseException | None) -> None:
-        """Check the context after a phase; fail the phase if only the check saw an error."""
-        if self.culprit is not None:
-            return  # the context is known to be unusable; nothing more to learn here
-        error = self.check()
-        if error is None:
-            return
-        item.stash.setdefault(_ASYNC, {})[when] = Surfaced(error, failed_phase=raised is None)
-        info = classify(error.message) or CudaErrorInfo(
-            error.message.strip().splitlines()[0] if error.message.strip() else "unknown error",
-            None,
-            error.sticky,
-        )
-        if error.sticky:
-            self.culprit = Culprit(item.nodeid, when, info)
-            if self.options.action in ("stop", "stop-child"):
-                item.session.shouldstop = (
-                    f"pytest_cuda: {item.nodeid} left a sticky CUDA error ({info.text}); "
-                    + (
-                        "stopping (--cuda-on-poison=stop)"
-                        if self.options.action == "stop"
-                        else "this continuation process stops here"
-                    )
-                )
-        if raised is None:
-            part = "body" if when == "call" else when
-            hint = (
-                "the re-run below shows the line that queued it"
-                if self.options.rerun_blocking
-                else "--cuda-rerun-blocking or --cuda-sync=per-op show the line that queued it"
-            )
-            pytest.fail(
-                f"pytest_cuda: an asynchronous CUDA error surfaced after the test's {part} "
-                f"returned: {info.describe()}\nIt comes from GPU work this test queued; {hint}.",
-                pytrace=False,
-            )
-
-    # -- the report -------------------------------------------------------
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
-        culprit = self.culprit
-        poisoned_here = (
-            culprit is not None and culprit.nodeid == item.nodeid and culprit.when == call.when
-        )
-        if poisoned_here:
-            assert culprit is not None
-            report.cuda_poison = {  # type: ignore[attr-defined]
-                "error": culprit.error.describe(),
-                "action": self.options.action,
-            }
-        excinfo = call.excinfo
-        if not report.failed or excinfo is None:
-            return report
-        surfaced = item.stash.get(_ASYNC, {}).get(call.when)
-        own_error = surfaced is None or not surfaced.failed_phase
-        info = classify(str(excinfo.value)) if own_error and _may_be_cuda(excinfo.value) else None
-        if info is None and surfaced is not None:
-            info = classify(surfaced.error.message)
-        if info is None and not poisoned_here:
-            return report
-        if info is not None and own_error:
-            # Where the test's own exception came from: the true line when launches
-            # are synchronous (the re-run reads it from here).
-            rootpath = item.config.rootpath
-            site = failure_site(excinfo.tb, _skip_dirs(), relative_to=rootpath)
-            test_line = failure_site(excinfo.tb, (), relative_to=rootpath, in_file=item.path)
-            if site is not None:
-                report.cuda_failure_site = site.to_dict()  # type: ignore[attr-defined]
-            if test_line is not None and test_line != site:
-                report.cuda_failure_test_line = test_line.to_dict()  # type: ignore[attr-defined]
-        lines = []
-        if poisoned_here:
-            assert culprit is not None
-            lines.append(_poison_text(culprit, self.options.action))
-        if info is not None and self.options.rerun_blocking:
-            lines.append(self._rerun_blocking(item))
-        if info is not None:
-            lines.append(f"reproduce: {self._repro(item)}")
-        _add_section(report, "pytest_cuda", "\n".join(lines))
-        return report
-
-    def _repro(self, item: pytest.Item) -> str:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is None:
-            devices = cuda.status().devices
-            visible = ",".join(str(d.index) for d in devices) if devices else None
-        return repro_command(
-            item.nodeid,
-            visible_devices=visible,
-            rootdir=item.config.rootpath,
-            cwd=item.config.invocation_params.dir,
-        )
-
-    def _rerun_blocking(self, item: pytest.Item) -> str:
-        """Run ``item`` alone in a fresh process with blocking launches; what it found."""
-        config = item.config
-        workdir = self.workdirs.new("rerun")
-        write_nodeids(workdir, [item.nodeid])
-        argv = child_argv_for(
-            config,
-            workdir,
-            (
-                "--cuda-sync=launch-blocking",
-                f"--cuda-internal-resume={workdir}",
-                "--cuda-internal-rerun",
-            ),
-        )
-        child = ChildRun(
-            argv, workdir, cwd=config.invocation_params.dir, env=child_env({LAUNCH_BLOCKING: "1"})
-        )
-        reports = []
-        try:
-            while (event := child.next_event()) is not None:
-                if event["event"] == "report":
-                    reports.append(report_from_data(config, event["report"]))
-            status = child.wait()
-            return _describe_rerun(reports, status, child.output_tail())
-        finally:
-            child.stop()
-            self.workdirs.discard(workdir)
-
-    # -- containment ------------------------------------------------------
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        culprit = self.culprit
-        if culprit is None or culprit.nodeid != nodeid or self._contained:
-            return
-        self._contained = True
-        action = self.options.action
-        if action == "replace-worker":
-            # xdist replaces a worker that dies and re-sends its pending tests to the
-            # others; dying before "test complete" makes xdist name this test as the one
-            # it crashed on, and XdistCulprits keeps that from counting it twice.
-            self.workdirs.remove()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(WORKER_EXIT_STATUS)
-        manager = self.config.pluginmanager
-        if action == "skip":
-            reason = (
-                f"pytest_cuda: {culprit.nodeid} left a sticky CUDA error in this process "
-                f"({culprit.error.text}) (--cuda-on-poison=skip)"
-            )
-            manager.register(SkipRemaining(reason), "cuda.poison-skip")
-        elif action == "continue":
-            self.continuation = Continuation(self.config, self.workdirs)
-            manager.register(self.continuation, "cuda.poison-continue")
+            sys.meta_path.remove(watch)
+        except ValueError:  # taken off already (an import in another thread)
+            return False
+        return True
 
     def pytest_unconfigure(self) -> None:
-        if self.continuation is not None:
-            self.continuation.stop()
-        self.workdirs.remove()
+        self.unwatch_imports()
 
 
-def _teardown_everything(item: pytest.Item) -> None:
-    """Finish every fixture scope now, in the culprit's teardown.
+class CudaImportWatch:
+    """An import hook that only looks: the first import of one of
+    :data:`CUDA_LIBRARIES` starts the guard's checks, and the watch takes itself off
+    ``sys.meta_path``; the import itself proceeds as usual."""
 
-    No later test of this session runs in this process, so module and session fixtures
-    would otherwise be finalized at session end, where an error (a CUDA call in a
-    poisoned context) is an internal error. pytest has no public API for this; the
-    runner does the same when the session is about to stop (``nextitem=None``).
-    """
-    setup_state = getattr(item.session, "_setupstate", None)
-    teardown_exact = getattr(setup_state, "teardown_exact", None)
-    if teardown_exact is not None:
-        teardown_exact(None)
+    def __init__(self, guard: PoisonGuard) -> None:
+        self.guard = guard
 
-
-def _poison_text(culprit: Culprit, action: Action) -> str:
-    consequence = {
-        "continue": "the remaining tests continue in a fresh process (--cuda-on-poison=continue)",
-        "replace-worker": "this xdist worker is replaced by a fresh one, and the tests it "
-        "had pending run elsewhere",
-        "stop": "the run stops here (--cuda-on-poison=stop)",
-        "skip": "the remaining tests of this process are skipped (--cuda-on-poison=skip)",
-        "stop-child": "the remaining tests continue in another fresh process",
-    }[action]
-    return (
-        f"this test left a sticky CUDA error ({culprit.error.describe()}): every later CUDA "
-        f"call in this process would fail, so {consequence}."
-    )
-
-
-def _add_section(report: pytest.TestReport, title: str, text: str) -> None:
-    longrepr = report.longrepr
-    addsection = getattr(longrepr, "addsection", None)
-    if addsection is not None:
-        addsection(title, text)
-    elif isinstance(longrepr, str):
-        report.longrepr = f"{longrepr}\n{text}"
-
-
-def _describe_rerun(reports: list[pytest.TestReport], status: int, tail: str) -> str:
-    head = "re-run alone in a fresh process with CUDA_LAUNCH_BLOCKING=1"
-    failed = next((r for r in reports if r.failed), None)
-    if failed is not None:
-        phase = "" if failed.when == "call" else f" in {failed.when}"
-        lines = [f"{head}: failed{phase}"]
-        site = FailureSite.from_dict(getattr(failed, "cuda_failure_site", None))
-        test_line = FailureSite.from_dict(getattr(failed, "cuda_failure_test_line", None))
-        for label, where in (("at", site), ("called from", test_line)):
-            if where is not None:
-                lines.append(f"  {label} {where.path}:{where.lineno} in {where.function}")
-                if where.source:
-                    lines.append(f"      {where.source}")
-        crash = getattr(failed.longrepr, "reprcrash", None)
-        message = getattr(crash, "message", None) or str(failed.longrepr).strip()
-        if message:
-            lines.append("  " + message.splitlines()[0])
-        return "\n".join(lines)
-    if any(r.skipped for r in reports):
-        skipped = next(r for r in reports if r.skipped)
-        reason = skipped.longrepr[2] if isinstance(skipped.longrepr, tuple) else skipped.longrepr
-        return f"{head}: skipped ({reason})"
-    if reports:
-        return (
-            f"{head}: passed. Alone, the test does not fail: the failure needs what earlier "
-            "tests left behind in this process, or it is intermittent."
-        )
-    return f"{head}: it did not run (exit status {status}):\n{tail}"
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname in CUDA_LIBRARIES and self.guard.unwatch_imports():
+            self.guard.start_checking()
 
 
 # ---------------------------------------------------------------------------
 # Reporting the culprits, once.
 
 
-@dataclass(eq=False)  # registered as a plugin: pytest keeps plugins in sets
 class PoisonSummary:
-    """The session's culprits, in a section of the terminal summary."""
+    """The session's culprits, in a section of the terminal summary.
 
-    culprits: list[tuple[str, dict[str, Any], str | None]] = field(default_factory=list)
+    Reports are read (:class:`CulpritReports`) once this process's guard has blamed a
+    test: before that, no report can name a culprit (the culprit's own, or those of the
+    fresh process that continues the session), so a clean run reads none. A plain
+    class: pytest keeps plugins in sets, so they must stay hashable.
+    """
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    def __init__(self) -> None:
+        self.culprits: list[tuple[str, dict[str, Any], str | None]] = []
+
+    def listen(self, manager: pytest.PytestPluginManager) -> None:
+        if not manager.has_plugin(CULPRIT_REPORTS_NAME):
+            manager.register(CulpritReports(self), CULPRIT_REPORTS_NAME)
+
+    def record(self, report: pytest.TestReport) -> None:
         poison = getattr(report, "cuda_poison", None)
         if isinstance(poison, dict):
             self.culprits.append((report.nodeid, poison, getattr(report, "worker_id", None)))
@@ -722,6 +466,16 @@ class PoisonSummary:
             )
 
 
+class CulpritReports:
+    """Hands every report to :meth:`PoisonSummary.record`."""
+
+    def __init__(self, summary: PoisonSummary) -> None:
+        self.summary = summary
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.summary.record(report)
+
+
 class XdistCulprits(PoisonSummary):
     """On the xdist controller: a worker that ended itself after a culprit is replaced by
     xdist, which then reports "worker crashed while running <culprit>". The culprit's
@@ -736,7 +490,7 @@ class XdistCulprits(PoisonSummary):
             return
         if isinstance(getattr(report, "cuda_poison", None), dict):
             self.seen.add(report.nodeid)
-        super().pytest_runtest_logreport(report)
+        self.record(report)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport) -> None:

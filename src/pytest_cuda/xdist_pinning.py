@@ -14,8 +14,7 @@ Registered by :mod:`pytest_cuda.plugin` only when pytest-xdist is active.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
@@ -32,8 +31,7 @@ WORKERINPUT_KEY = "pytest_cuda"
 ENV = "CUDA_VISIBLE_DEVICES"
 
 
-@dataclass(frozen=True)
-class WorkerPin:
+class WorkerPin(NamedTuple):
     """The devices an xdist worker was started with.
 
     ``visible_devices`` is the worker's ``CUDA_VISIBLE_DEVICES``; ``devices`` are the

@@ -1,0 +1,379 @@
+"""The CUDA leak checker: measures the tests that are checked (issue 6).
+
+Registered by :mod:`pytest_cuda.leak_plugin` only when ``--cuda-leak-check``,
+``--cuda-leak-trace`` or ``--cuda-memory-report`` asks for it or a collected test
+carries the ``cuda_leak_check`` marker, so a run that uses none of them never imports
+this module (nor the seam and the leak arithmetic it needs).
+
+When a checked test is measured (this process's caching allocator, per device):
+
+* baseline: before its first function-scoped fixture is set up, or at the start of the
+  call when it has none; fixtures of a wider scope set up later (``getfixturevalue``)
+  are not the test's, and their growth is subtracted;
+* end: once the test and its function-scoped fixtures are torn down, before any wider
+  fixture is (its ``pytest_fixture_post_finalizer``), else at the end of teardown;
+* a test whose reading did not grow is clean (a few µs). Otherwise the failed test's
+  frames and its fixture values, which pytest drops right after teardown anyway, are
+  released (refcounting frees them at once), and :func:`pytest_cuda.leaks.settle`
+  decides: garbage collection and the library caches only for what is still there.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gpumagic import cuda
+from pytest_cuda.leak_plugin import MARKER, REPORT_LEAK, REPORT_PEAK
+from pytest_cuda.leaks import (
+    CudaLeakWarning,
+    CudaMemory,
+    LeakResult,
+    Mode,
+    StackRecording,
+    attribute,
+    growth,
+    parse_leak_settings,
+    settle,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+    from types import TracebackType
+
+__all__ = ["LeakChecker"]
+
+SECTION = "CUDA memory leak"
+TRACE_HINT = (
+    "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
+    "allocated these blocks."
+)
+
+
+@dataclass
+class _Check:
+    """One test's measurement, kept in its stash from setup to its teardown report."""
+
+    item: pytest.Item
+    tolerance: int
+    mode: Mode
+    leaks: bool
+    first: dict[int, int] | None = None
+    start_us: int = 0
+    ran: bool = False
+    held: dict[int, int] = field(default_factory=dict)
+    tearing_down: bool = False
+    done: bool = False
+    start_stats: dict[int, cuda.AllocatorStats] = field(default_factory=dict)
+    result: LeakResult | None = None
+    peak: list[list[int]] | None = None
+    failure: str | None = None
+    raised: bool = False
+
+
+_CHECK = pytest.StashKey[_Check]()
+
+
+def cuda_leak_check(tolerance: object = 0, mode: object = "fail") -> tuple[object, object]:
+    """The marker's signature (its name shows in the errors about its arguments)."""
+    return tolerance, mode
+
+
+class LeakChecker:
+    """Measures the tests that are checked (``--cuda-leak-check``, the marker) and the
+    peaks for ``--cuda-memory-report``; registered only when one of them is used."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.everywhere: bool = config.getoption("cuda_leak_check")
+        self.peaks = config.getoption("cuda_memory_report") > 0
+        self.recording = StackRecording() if config.getoption("cuda_leak_trace") else None
+        self.source = CudaMemory()
+        self.root = str(config.rootpath)
+        self._current: _Check | None = None
+
+    def start(self) -> None:
+        """Stack recording on now, or queued for the moment CUDA is initialised (torch is
+        imported for that, only when CUDA is usable here)."""
+        if self.recording is None:
+            return
+        if cuda.is_initialized():
+            self.recording.ensure()
+        elif cuda.status().available:
+            cuda.torch_module()
+            self.recording.ensure_at_init()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.recording is not None:
+            self.recording.close()
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        status = cuda.status()
+        if not status.available:
+            return [f"cuda leak check: nothing to check, {status.summary()}"]
+        scope = "every test that uses CUDA" if self.everywhere else "tests marked cuda_leak_check"
+        stacks = "recorded" if self.recording is not None else "off (--cuda-leak-trace)"
+        line = f"cuda leak check: {scope}; this process's allocator; stacks {stacks}"
+        return [line] if self.everywhere or self.recording is not None else []
+
+    # -- the phases of one test ------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        try:
+            check = self._plan(item)
+        except (TypeError, ValueError) as exc:
+            error: str | None = f"malformed @pytest.mark.{MARKER} on {item.nodeid}: {exc}"
+            check = None
+        else:
+            error = None
+        if check is not None:
+            item.stash[_CHECK] = check
+            self._current = check
+        result = yield
+        if error is not None:
+            # After the other setup hooks, so the teardown finds what they set up.
+            pytest.fail(error, pytrace=False)
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        check = self._current
+        if check is None:
+            return (yield)
+        if fixturedef.scope == "function":
+            if check.first is None:
+                self._begin(check)
+            return (yield)
+        if check.first is None:
+            # Set up before the test's own fixtures: part of its surroundings.
+            return (yield)
+        before = self.source.read()
+        try:
+            return (yield)
+        finally:
+            for device, amount in growth(before, self.source.read()).items():
+                check.held[device] = check.held.get(device, 0) + amount
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        check = self._current
+        if check is None or check.item is not item:
+            return (yield)
+        if check.first is None:
+            self._begin(check)
+        check.ran = True
+        if self.peaks:
+            check.start_stats = _reset_peaks()
+        return (yield)
+
+    def pytest_fixture_post_finalizer(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> None:
+        check = self._current
+        if check is not None and check.tearing_down and fixturedef.scope != "function":
+            # The test is torn down; a wider fixture is next: measure before it goes.
+            self._finish(check)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, None, None]:
+        check = self._current
+        if check is None or check.item is not item:
+            return (yield)
+        check.tearing_down = True
+        try:
+            outcome = yield
+        finally:
+            self._current = None
+            self._finish(check)
+        self._verdict(check)
+        return outcome
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.when != "teardown":
+            return report
+        check = item.stash.get(_CHECK, None)
+        if check is None:
+            return report
+        del item.stash[_CHECK]
+        self._annotate(report, check)
+        return report
+
+    # -- inside ----------------------------------------------------------------
+
+    def _plan(self, item: pytest.Item) -> _Check | None:
+        marker = item.get_closest_marker(MARKER)
+        if marker is None:
+            if not (self.everywhere or self.peaks):
+                return None
+            return _Check(item, 0, "fail", leaks=self.everywhere)
+        tolerance, mode = parse_leak_settings(
+            *cuda_leak_check(*marker.args, **marker.kwargs), where=MARKER
+        )
+        if mode == "off" and not self.peaks:
+            return None
+        return _Check(item, tolerance, mode, leaks=mode != "off")
+
+    def _begin(self, check: _Check) -> None:
+        if self.recording is not None and check.leaks:
+            self.recording.ensure()
+        check.start_us = time.time_ns() // 1000
+        check.first = self.source.read()
+
+    def _finish(self, check: _Check) -> None:
+        if check.done:
+            return
+        check.done = True
+        if not check.ran:
+            return  # setup failed or skipped: the test never ran
+        try:
+            self._measure(check)
+        except Exception as exc:  # a bug here must not hide the test's own outcome
+            check.failure = f"{type(exc).__name__}: {exc}"
+
+    def _measure(self, check: _Check) -> None:
+        end = self.source.read()
+        if self.peaks:
+            check.peak = _peaks(check.start_stats, end)
+        if not check.leaks:
+            return
+        baseline = check.first or {}
+        if all(g <= check.tolerance for g in growth(baseline, end, check.held).values()):
+            return
+        # Usually the function-scoped fixtures' values: freed at once by refcount.
+        _release_test_references(check.item)
+        result = settle(baseline, self.source, check.tolerance, held=check.held)
+        if not result.clean:
+            result = self._stacks(check, result)
+        check.result = result
+
+    def _stacks(self, check: _Check, result: LeakResult) -> LeakResult:
+        if self.recording is None:
+            return replace(result, stack_note=TRACE_HINT)
+        if not cuda.memory_history_enabled():
+            return replace(
+                result,
+                stack_note="Stacks not recorded: allocation-stack recording was off "
+                "(switched off by the test?).",
+            )
+        stacks = attribute(check.start_us, result.leaked, _test_function(check.item))
+        return replace(result, stacks=stacks)
+
+    def _verdict(self, check: _Check) -> None:
+        if check.failure is not None:
+            pytest.fail(
+                f"the CUDA leak check of {check.item.nodeid} could not measure: {check.failure}",
+                pytrace=False,
+            )
+        result = check.result
+        if result is None or result.clean:
+            return
+        subject = _subject(check.item)
+        if check.mode == "warn":
+            text = f"{result.summary(subject, self.root)}\n{result.details(subject, self.root)}"
+            path, line, _ = check.item.location
+            # Reported at the test, not at this hook.
+            warnings.warn_explicit(CudaLeakWarning(text), CudaLeakWarning, path, (line or 0) + 1)
+            return
+        check.raised = True
+        pytest.fail(result.summary(subject, self.root), pytrace=False)
+
+    def _annotate(self, report: pytest.TestReport, check: _Check) -> None:
+        if check.peak:
+            setattr(report, REPORT_PEAK, check.peak)
+        result = check.result
+        if result is None:
+            return
+        subject = _subject(check.item)
+        leak = {
+            "mode": check.mode,
+            "leaked": [[d, b] for d, b in sorted(result.leaked.items())],
+            "kept": [
+                [step, [[d, b] for d, b in sorted(freed.items()) if b > 0]]
+                for step, freed in result.kept_by_libraries()
+            ],
+            "summary": result.summary(subject, self.root) if result.leaked else "",
+            "details": result.details(subject, self.root) if result.leaked else "",
+            "top": result.top_frame(self.root),
+            "failed_by_leak": check.raised,
+        }
+        setattr(report, REPORT_LEAK, leak)
+        if result.leaked:
+            report.sections.append((SECTION, result.details(subject, self.root)))
+
+
+def _subject(item: pytest.Item) -> str:
+    return item.name
+
+
+def _test_function(item: pytest.Item) -> tuple[str, str] | None:
+    """Where the test's own frame is, so the frames that called it (pytest's) are cut."""
+    function = getattr(item, "function", None)
+    code = getattr(function, "__code__", None)
+    return (code.co_filename, code.co_name) if code is not None else None
+
+
+def _release_test_references(item: pytest.Item) -> None:
+    """Drop what pytest still holds of the test before it would itself: the failed
+    test's frames (``sys.last_traceback``, kept for ``pdb.pm()``) and the fixture values
+    (``item.funcargs``, dropped right after this teardown). Only called when a test's
+    memory grew, so a normal run keeps both untouched."""
+    seen: set[int] = set()
+    exc: BaseException | None = getattr(sys, "last_value", None)
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        _clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+    _clear_frames(getattr(sys, "last_traceback", None))
+    if getattr(item, "funcargs", None):
+        item.funcargs = {}  # type: ignore[attr-defined]
+
+
+def _clear_frames(tb: TracebackType | None) -> None:
+    while tb is not None:
+        frame = tb.tb_frame
+        try:
+            frame.clear()
+        except RuntimeError:  # still running
+            pass
+        else:
+            # Before Python 3.13 a frame keeps the snapshot dict ``f_locals`` made for
+            # the traceback's display; reading it again drops the cleared names.
+            frame.f_locals  # noqa: B018
+        tb = tb.tb_next
+
+
+def _reset_peaks() -> dict[int, cuda.AllocatorStats]:
+    if not cuda.is_initialized():
+        return {}
+    stats = {}
+    for device in range(cuda.visible_device_total()):
+        cuda.reset_peak_memory_stats(device)
+        stats[device] = cuda.allocator_stats(device)
+    return stats
+
+
+def _peaks(start: dict[int, cuda.AllocatorStats], end: dict[int, int]) -> list[list[int]]:
+    """``[[device, peak bytes, bytes at the start of the call]]`` for the devices the test
+    allocated on (its allocation count moved)."""
+    found = []
+    for device in end:
+        stats = cuda.allocator_stats(device)
+        before = start.get(device)
+        if before is not None and stats.allocations == before.allocations:
+            continue
+        found.append([device, stats.peak_allocated, before.allocated if before else 0])
+    return found
