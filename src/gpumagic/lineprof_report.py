@@ -268,9 +268,9 @@ _STYLE = """
 .gm-lprun th.src{text-align:left}
 .gm-lprun td{text-align:right;padding:1px 8px;white-space:nowrap}
 .gm-lprun td.src{text-align:left;white-space:pre}
-.gm-lprun tr.sync td{background:#fff3cd}
+.gm-lprun tr.sync td{background:rgba(255,193,7,.16)}
 .gm-lprun .head{margin:8px 0 2px 0}
-.gm-lprun .warn{color:#b35900;font-weight:bold}
+.gm-lprun .warn{font-weight:bold;box-shadow:inset 0 -2px rgba(230,120,0,.9)}
 .gm-lprun ul{margin:4px 0;padding-left:18px}
 """
 
