@@ -474,32 +474,3 @@ class CulpritReports:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.summary.record(report)
-
-
-class XdistCulprits(PoisonSummary):
-    """On the xdist controller: a worker that ended itself after a culprit is replaced by
-    xdist, which then reports "worker crashed while running <culprit>". The culprit's
-    own failure has already been reported, so that second report is not counted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if getattr(report, "cuda_poison_duplicate", False):
-            return
-        if isinstance(getattr(report, "cuda_poison", None), dict):
-            self.seen.add(report.nodeid)
-        self.record(report)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport) -> None:
-        if crashitem in self.seen:
-            report.outcome = "passed"
-            report.cuda_poison_duplicate = True  # type: ignore[attr-defined]
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
-        if getattr(report, "cuda_poison_duplicate", False):
-            return "", "", ""
-        return None
