@@ -7,6 +7,7 @@
 #   bash scripts/gpu-check.sh                     # everything
 #   bash scripts/gpu-check.sh tests/gpumagic      # these tests (benchmarks off unless
 #   GPU_CHECK_BENCH=timing bash scripts/gpu-check.sh tests/x.py   # named in GPU_CHECK_BENCH)
+#   GPU_CHECK_BENCH=all bash scripts/gpu-check.sh --no-tests      # benchmarks only
 #
 # GPU_CHECK_BENCH: "all" (default with no test args), "none", or names of
 # benchmarks/bench_NAME.py separated by commas. GPU_CHECK_NOTEBOOK=1 executes the demo
@@ -52,6 +53,8 @@ PY
 } 2>&1 | tee "$logs/environment.txt"
 
 status=0
+run_tests=1
+if [ "${1:-}" = --no-tests ]; then run_tests=0; shift; fi
 if [ $# -gt 0 ]; then tests=("$@"); bench_default=none; else tests=(tests); bench_default=all; fi
 # Tests written for two GPUs fail under --cuda-require on one: leave them out there, and
 # say so (run them on a machine with two GPUs).
@@ -60,10 +63,12 @@ if [ "${gpus:-0}" -lt 2 ]; then
   echo "gpu-check: $gpus GPU(s): tests/pytest_cuda/test_plugin_two_gpus.py needs 2 and is left out"
   tests+=(--ignore=tests/pytest_cuda/test_plugin_two_gpus.py)
 fi
-# shellcheck disable=SC2086
-"$py" -m pytest "${tests[@]}" --cuda-require -rfEs -p no:cacheprovider \
-  --junitxml="$logs/junit.xml" ${GPU_CHECK_PYTEST_OPTS:-} 2>&1 | tee "$logs/pytest.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "$run_tests" = 1 ]; then
+  # shellcheck disable=SC2086
+  "$py" -m pytest "${tests[@]}" --cuda-require -rfEs -p no:cacheprovider \
+    --junitxml="$logs/junit.xml" ${GPU_CHECK_PYTEST_OPTS:-} 2>&1 | tee "$logs/pytest.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 # The demo notebook, executed by a real Jupyter kernel on this GPU; its outputs go to the
 # docs (docs/demo-gpu.ipynb).
