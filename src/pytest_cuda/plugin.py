@@ -25,7 +25,7 @@ import pytest
 
 if TYPE_CHECKING:
     import torch
-    from _pytest.config.argparsing import Parser
+    from _pytest.config.argparsing import OptionGroup, Parser
     from _pytest.nodes import Node
 
     from gpumagic.devices import CudaStatus, DeviceInfo
@@ -75,8 +75,13 @@ SETUP_NAME = "cuda.setup"
 _MARKER_NAMES = pytest.StashKey[tuple[list[pytest.Item], int, frozenset[str]]]()
 
 
+def option_group(parser: Parser) -> OptionGroup:
+    """The one ``pytest --help`` section that every pytest_cuda module adds its options to."""
+    return parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+
+
 def pytest_addoption(parser: Parser) -> None:
-    group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+    group = option_group(parser)
     # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
         "--cuda-devices",

@@ -99,7 +99,9 @@ SUMMARY_NAME = "cuda.poison-summary"
 
 
 def pytest_addoption(parser: Parser) -> None:
-    group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+    from pytest_cuda.plugin import option_group
+
+    group = option_group(parser)
     # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
         "--cuda-sync",
