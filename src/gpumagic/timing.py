@@ -65,6 +65,8 @@ __all__ = [
 ]
 
 SPIN_US = 30.0  # spin kernel ahead of each run's start events
+SIDE_WORK_MIN = 100e-6  # a device sync this much slower than when idle: side-stream work
+SIDE_WORK_SHARE = 0.05  # ... and at least this share of the timed streams' time
 MIN_RUNS = 7  # runs before the noise criterion may stop a measurement (as %timeit's 7)
 MIN_COLD_RUNS = 15  # single cold calls vary more: more of them before the noise stop
 DRIFT = 0.05  # warn when the first run was this much faster than the later ones
@@ -182,8 +184,9 @@ class _Run:
     gpu: float
     host: float
     enqueue: float
-    end_gaps: tuple[float, ...] = ()
-    device_spans: tuple[float, ...] = ()
+    # Host seconds from the timed streams' end (polled, so no wake-up latency) to the
+    # devices' idle: other streams' work the timed streams did not wait for.
+    tail: float = 0.0
 
 
 @dataclass
@@ -236,7 +239,7 @@ class _Timer:
         self.runner: Body = self.call  # the body, or replays of its CUDA graph
         self.devices: list[int] = []
         self.device = 0
-        self.baseline_gaps: list[float] = []
+        self.baseline_tail = 0.0
         self.floor = 0.0
         self.began = 0.0
 
@@ -360,11 +363,9 @@ class _Timer:
         return result
 
     def _calibrate(self) -> None:
-        """Sync latency seen by the second end event, and the event floor, from empty runs."""
+        """The idle devices' sync latency and the event floor, from empty runs."""
         runs = [self._block(0) for _ in range(5)]
-        self.baseline_gaps = [
-            quantile([r.end_gaps[i] for r in runs], 0.5) for i in range(len(self.devices))
-        ]
+        self.baseline_tail = quantile([r.tail for r in runs], 0.5)
         self.floor = quantile([r.gpu for r in runs], 0.5) + 0.5e-6  # event quantum
 
     def _block(self, n: int, spin: bool = True) -> _Run:
@@ -381,35 +382,45 @@ class _Timer:
             t0 = self.clock()
             run(n)
             t_enqueued = self.clock()
-            ends = [cuda.record_event(d) for d in devices]
-            cuda.synchronize(devices)
-            t1 = self.clock()
+            ends, t_end, t1 = self._finish()
         finally:
             if gc_was_enabled:
                 gc.enable()
-        after = [cuda.record_event(d) for d in devices]
         spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
-        gaps = tuple(cuda.elapsed_ms(e, a) / 1e3 for e, a in zip(ends, after, strict=True))
-        wide = tuple(cuda.elapsed_ms(s, a) / 1e3 for s, a in zip(starts, after, strict=True))
-        return _Run(n, max(spans), t1 - t0, t_enqueued - t0, gaps, wide)
+        return _Run(n, max(spans), t1 - t0, t_enqueued - t0, t1 - t_end)
+
+    def _finish(self) -> tuple[list[Any], float, float]:
+        """End events on the timed streams; returns them, the host time they were seen
+        passed (polled: no wake-up latency) and the time the devices were idle."""
+        devices = self.devices
+        ends = [cuda.record_event(d) for d in devices]
+        for end in ends:
+            while not cuda.event_completed(end):
+                pass
+        t_end = self.clock()
+        cuda.synchronize(devices)
+        return ends, t_end, self.clock()
 
     def _side_work(self, runs: Sequence[_Run]) -> list[float] | None:
-        """Per-run GPU time through device-wide completion, if most runs left work on
-        other streams past the current stream's end; else ``None``."""
-        if not self.baseline_gaps:
-            return None
+        """Per-run GPU time through the devices' idle, if most runs left work on other
+        streams that the timed streams did not wait for; else ``None``.
+
+        Once the timed streams have passed their end events, a device sync returns
+        after its usual latency unless other streams still run. Work the timed
+        streams waited for (a joined side stream, cuBLAS's memset and GEMM) ends
+        before the end events and adds nothing; a few tens of microseconds of host
+        noise are not side work, hence the margin.
+        """
         flagged = 0
-        corrected = []
+        extra = []
         for r in runs:
-            extra = [g - b for g, b in zip(r.end_gaps, self.baseline_gaps, strict=True)]
-            if max(extra) > max(20e-6, *self.baseline_gaps):
+            late = r.tail - self.baseline_tail
+            if late > max(SIDE_WORK_MIN, SIDE_WORK_SHARE * r.gpu):
                 flagged += 1
-            corrected.append(
-                max(w - b for w, b in zip(r.device_spans, self.baseline_gaps, strict=True))
-            )
+            extra.append(max(0.0, late))
         if flagged * 2 <= len(runs):
             return None
-        return [max(c, r.gpu) for c, r in zip(corrected, runs, strict=True)]
+        return [r.gpu + e for r, e in zip(runs, extra, strict=True)]
 
     # -- warm-up and run sizing -------------------------------------------------------
     def _warm_up(self, measure: Callable[[int], _Run]) -> float:
@@ -546,12 +557,8 @@ class _Timer:
         cuda.flush_l2(buffer)
         starts = [cuda.record_event(d) for d in devices]
         runner(1)
-        ends = [cuda.record_event(d) for d in devices]
-        cuda.synchronize(devices)
-        after = [cuda.record_event(d) for d in devices]
+        ends, t_end, t_idle = self._finish()
         spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
-        gaps = tuple(cuda.elapsed_ms(e, a) / 1e3 for e, a in zip(ends, after, strict=True))
-        wide = tuple(cuda.elapsed_ms(s, a) / 1e3 for s, a in zip(starts, after, strict=True))
         # Host time: the flush finished first, so the wait is the body's own.
         cuda.flush_l2(buffer)
         cuda.synchronize(devices)
@@ -560,7 +567,7 @@ class _Timer:
         t_enqueued = self.clock()
         cuda.synchronize(devices)
         host = self.clock() - t0
-        return _Run(1, max(spans), host, t_enqueued - t0, gaps, wide)
+        return _Run(1, max(spans), host, t_enqueued - t0, t_idle - t_end)
 
     def _cold(self, buffer: Any, first_call: float, mode: str) -> CudaTimeResult:
         def measure(n: int) -> _Run:

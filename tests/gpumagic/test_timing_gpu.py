@@ -256,6 +256,17 @@ def test_work_on_a_side_stream_counts(
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
+def test_a_default_stream_matmul_is_not_side_stream_work(
+    shell: InteractiveShell, torch: Any
+) -> None:
+    # cuBLAS launches a memset and a GEMM, both on the current stream.
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    shell.user_ns.update(a=a, b=a.T.contiguous())
+    r = cudatime(shell, "--budget 0.5 a @ b")
+    assert not r.side_streams, r.text()
+    assert "other streams" not in r.text()
+
+
 def test_global_state_is_restored(shell: InteractiveShell, torch: Any) -> None:
     import gc
 
