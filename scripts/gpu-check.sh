@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
 # The one-call GPU check: on a GPU machine where torch is already installed, install the
 # project and the carried wheels without network, run the whole suite with GPU tests
-# required, then run the benchmarks. Logs go to $GPU_CHECK_LOGS (default: $OUT, else
-# ./gpu-check-logs).
+# required, execute the demo notebook, run the benchmarks asked for, and end with a
+# one-screen summary (also written to the log folder as summary.txt). Logs go to
+# $GPU_CHECK_LOGS (default: $OUT, else ./gpu-check-logs).
 #
-#   bash scripts/gpu-check.sh                     # everything
-#   bash scripts/gpu-check.sh tests/gpumagic      # these tests (benchmarks off unless
-#   GPU_CHECK_BENCH=timing bash scripts/gpu-check.sh tests/x.py   # named in GPU_CHECK_BENCH)
-#   GPU_CHECK_BENCH=all bash scripts/gpu-check.sh --no-tests      # benchmarks only
+#   bash scripts/gpu-check.sh                     # the whole suite and the notebook
+#   bash scripts/gpu-check.sh --quick             # the GPU-marked tests alone
+#   bash scripts/gpu-check.sh tests/gpumagic      # these tests (no notebook)
+#   GPU_CHECK_BENCH=all bash scripts/gpu-check.sh # ... and every benchmark
+#   GPU_CHECK_BENCH=timing,lprun bash scripts/gpu-check.sh --no-tests   # benchmarks only
 #
-# GPU_CHECK_BENCH: "all" (default with no test args), "none", or names of
-# benchmarks/bench_NAME.py separated by commas. GPU_CHECK_NOTEBOOK=1 executes the demo
-# notebook also when tests are named (default: only in the full run). Extra pytest
-# options: GPU_CHECK_PYTEST_OPTS.
+# The tests run in two phases: everything that does not time the GPU under pytest-xdist
+# (GPU_CHECK_WORKERS processes, default half the cores, at most 8), then the tests marked
+# `gpu_timing` alone, one at a time, so that no other process shares the GPU while they
+# measure. GPU_CHECK_BENCH: "none" (default), "all", or names of benchmarks/bench_NAME.py
+# separated by commas. GPU_CHECK_NOTEBOOK=1 executes the demo notebook also when tests are
+# named or with --quick (default: only in the full run). Extra pytest options:
+# GPU_CHECK_PYTEST_OPTS.
 # Before calling it from a machine without a GPU, `bash scripts/fetch-gpu-wheels.sh` puts
 # the wheels the GPU image lacks (IPython, line_profiler, build tools) in .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+began=$(date +%s)
 logs=${GPU_CHECK_LOGS:-${OUT:-$root/gpu-check-logs}}
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 GPUMAGIC_GPU_CHECK=1
 py=${PYTHON:-python3}
 
+run_tests=1 quick=0
+case "${1:-}" in
+  --no-tests) run_tests=0; shift ;;
+  --quick) quick=1; shift ;;
+esac
+if [ $# -gt 0 ]; then tests=("$@"); notebook_default=0; else tests=(tests); notebook_default=1; fi
+marker=""
+if [ "$quick" = 1 ]; then marker="cuda and "; notebook_default=0; fi
+[ "$run_tests" = 1 ] || notebook_default=0
+
 site=/tmp/gpumagic-site
 if [ -d .whl ]; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" .whl/*.whl || exit 1
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # The project itself, built from this tree with the carried setuptools (no network).
 "$py" -m pip install -q --no-index --find-links .whl --no-deps --no-compile --no-cache-dir \
@@ -39,7 +54,7 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   nvidia-smi -L 2>&1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   "$py" - <<'PY'
-import platform, sys
+import platform
 import torch, pytest
 from importlib.metadata import version
 print("python", platform.python_version(), "| torch", torch.__version__, "| CUDA", torch.version.cuda,
@@ -53,32 +68,43 @@ PY
 } 2>&1 | tee "$logs/environment.txt"
 
 status=0
-run_tests=1
-if [ "${1:-}" = --no-tests ]; then run_tests=0; shift; fi
-if [ $# -gt 0 ]; then tests=("$@"); bench_default=none; else tests=(tests); bench_default=all; fi
 # Tests written for two GPUs fail under --cuda-require on one: leave them out there, and
 # say so (run them on a machine with two GPUs).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${gpus:-0}" -lt 2 ]; then
-  echo "gpu-check: $gpus GPU(s): tests/pytest_cuda/test_plugin_two_gpus.py needs 2 and is left out"
+  echo "gpu-check: $gpus GPU(s): tests/pytest_cuda/test_plugin_two_gpus.py needs 2 and is left out" \
+    | tee -a "$logs/environment.txt"
   tests+=(--ignore=tests/pytest_cuda/test_plugin_two_gpus.py)
 fi
-if [ "$run_tests" = 1 ]; then
+cores=$(nproc 2>/dev/null || echo 2)
+workers=${GPU_CHECK_WORKERS:-$((cores / 2 > 8 ? 8 : (cores / 2 < 1 ? 1 : cores / 2)))}
+
+# pytest_phase NAME MARKEXPR [PYTEST ARGS...]: one pytest run, logged to NAME.log and
+# NAME.xml; exit code 5 (nothing selected) is not a failure.
+pytest_phase() {
+  local name=$1 expr=$2
+  shift 2
   # shellcheck disable=SC2086
-  "$py" -m pytest "${tests[@]}" --cuda-require -rfEs -p no:cacheprovider \
-    --junitxml="$logs/junit.xml" ${GPU_CHECK_PYTEST_OPTS:-} 2>&1 | tee "$logs/pytest.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$py" -m pytest "${tests[@]}" -m "$expr" "$@" --cuda-require -rfEs -p no:cacheprovider \
+    --durations=15 --junitxml="$logs/$name.xml" ${GPU_CHECK_PYTEST_OPTS:-} 2>&1 \
+    | tee "$logs/$name.log" | grep -Ev '^(\.|s|F|E|x|X)*( *\[ *[0-9]+%\])?$'
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || status=1
+}
+if [ "$run_tests" = 1 ]; then
+  pytest_phase pytest-parallel "${marker}not gpu_timing" -n "$workers" -q
+  pytest_phase pytest-timing "${marker}gpu_timing" -q
 fi
 
 # The demo notebook, executed by a real Jupyter kernel on this GPU; its outputs go to the
 # docs (docs/demo-gpu.ipynb).
-if [ "${GPU_CHECK_NOTEBOOK:-$bench_default}" != none ]; then
-  "$py" scripts/run-notebook.py examples/demo.ipynb "$logs/demo-gpu.ipynb" 2>&1 \
-    | tee -a "$logs/notebook.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "${GPU_CHECK_NOTEBOOK:-$notebook_default}" = 1 ]; then
+  "$py" scripts/run-notebook.py examples/demo.ipynb "$logs/demo-gpu.ipynb" >"$logs/notebook.log" 2>&1
+  echo $? >"$logs/notebook.rc"
+  [ "$(cat "$logs/notebook.rc")" -eq 0 ] || status=1
 fi
 
-bench=${GPU_CHECK_BENCH:-$bench_default}
+bench=${GPU_CHECK_BENCH:-none}
 if [ "$bench" != none ]; then
   if [ "$bench" = all ]; then
     scripts=(benchmarks/bench_*.py)
@@ -87,12 +113,20 @@ if [ "$bench" != none ]; then
     scripts=()
     for n in "${names[@]}"; do scripts+=("benchmarks/bench_$n.py"); done
   fi
+  : >"$logs/benchmarks.rc"
   for script in "${scripts[@]}"; do
-    [ -f "$script" ] || continue
-    echo "== $script" | tee -a "$logs/benchmarks.log"
-    "$py" "$script" --json "$logs/benchmarks.jsonl" 2>&1 | tee -a "$logs/benchmarks.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    if [ ! -f "$script" ]; then
+      echo "$script 2" >>"$logs/benchmarks.rc"
+      status=1
+      continue
+    fi
+    echo "== $script" >>"$logs/benchmarks.log"
+    "$py" "$script" --json "$logs/benchmarks.jsonl" >>"$logs/benchmarks.log" 2>&1
+    rc=$?
+    echo "$script $rc" >>"$logs/benchmarks.rc"
+    [ "$rc" -eq 0 ] || status=1
   done
 fi
-echo "gpu-check: exit $status (logs in $logs)"
+"$py" scripts/gpu_check_summary.py "$logs" --seconds $(($(date +%s) - began)) --exit "$status" \
+  | tee "$logs/summary.txt"
 exit $status

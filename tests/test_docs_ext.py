@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 # The docs tools come with the project's docs extra (``make test`` installs it); the GPU
-# machine's image has no Sphinx.
-pytest.importorskip("sphinx", reason="Sphinx is not installed (pip install -e '.[docs]')")
+# machine's image has no Sphinx, or a Sphinx without docutils.
+for _name in ("sphinx", "docutils"):
+    pytest.importorskip(_name, reason=f"{_name} is not installed (pip install -e '.[docs]')")
 
 EXT = Path(__file__).resolve().parents[1] / "docs" / "_ext"
 MAGICS = {

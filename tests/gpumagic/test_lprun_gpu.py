@@ -78,6 +78,7 @@ def per_line(stats: Any, func: Any) -> dict[int, float]:
     raise AssertionError("function not profiled")
 
 
+@pytest.mark.gpu_timing
 def test_each_line_is_charged_for_its_gpu_work(gpu: InteractiveShell) -> None:
     step = gpu.user_ns["step"]
     kernel_s = gpu.user_ns["kernel_ms"] * 1e-3
@@ -90,6 +91,7 @@ def test_each_line_is_charged_for_its_gpu_work(gpu: InteractiveShell) -> None:
     assert prof.result().syncs >= 9
 
 
+@pytest.mark.gpu_timing
 def test_plain_line_profiler_charges_the_item_line(gpu: InteractiveShell) -> None:
     """The problem being solved, on this GPU: line_profiler alone bills line B."""
     step = gpu.user_ns["step"]
@@ -101,6 +103,7 @@ def test_plain_line_profiler_charges_the_item_line(gpu: InteractiveShell) -> Non
     assert lines[1] / (lines[1] + lines[2]) < 0.1
 
 
+@pytest.mark.gpu_timing
 @pytest.mark.parametrize("sync", [True, False])
 def test_gpu_column_and_hidden_syncs(gpu: InteractiveShell, sync: bool) -> None:
     gpu.run_cell(
@@ -172,6 +175,7 @@ def test_memory_columns(gpu: InteractiveShell) -> None:
     assert torch.cuda.max_memory_allocated() >= baseline + 64 * MiB + 512 * MiB
 
 
+@pytest.mark.gpu_timing
 def test_nn_module_forward(gpu: InteractiveShell) -> None:
     gpu.run_cell(
         textwrap.dedent(

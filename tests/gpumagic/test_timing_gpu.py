@@ -85,6 +85,7 @@ def cudatime(shell: InteractiveShell, line: str, cell: str | None = None) -> Cud
     return result  # type: ignore[no-any-return]
 
 
+@pytest.mark.gpu_timing
 def test_synchronization_is_real_for_a_20ms_spin_kernel(
     shell: InteractiveShell, torch: Any, cycles_per_ms: float
 ) -> None:
@@ -103,6 +104,7 @@ def test_synchronization_is_real_for_a_20ms_spin_kernel(
     assert naive.best < 1e-3
 
 
+@pytest.mark.gpu_timing
 def test_validate_agrees_with_cupti_on_a_spin_kernel(
     shell: InteractiveShell, torch: Any, cycles_per_ms: float
 ) -> None:
@@ -115,6 +117,7 @@ def test_validate_agrees_with_cupti_on_a_spin_kernel(
     assert "CUPTI check" in r.text()
 
 
+@pytest.mark.gpu_timing
 def test_default_run_takes_under_two_seconds(
     shell: InteractiveShell, torch: Any, cycles_per_ms: float
 ) -> None:
@@ -126,6 +129,7 @@ def test_default_run_takes_under_two_seconds(
         assert time.perf_counter() - started < 2.0, statement
 
 
+@pytest.mark.gpu_timing
 def test_kernels_verdicts(shell: InteractiveShell, torch: Any) -> None:
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1024, device="cuda")
@@ -154,6 +158,7 @@ def test_kernels_verdicts(shell: InteractiveShell, torch: Any) -> None:
     assert cpu.verdict == "no GPU work was launched (CPU tensors?)", cpu.text()
 
 
+@pytest.mark.gpu_timing
 def test_graph_removes_launch_overhead_of_a_tiny_op(shell: InteractiveShell, torch: Any) -> None:
     x = torch.ones(1024, device="cuda")
     shell.user_ns.update(x=x)
@@ -190,6 +195,7 @@ def test_graph_capture_failure_says_why_and_falls_back(shell: InteractiveShell, 
     assert not again.warnings or all("capture" not in w for w in again.warnings)
 
 
+@pytest.mark.gpu_timing
 def test_cold_flushes_l2_outside_the_timed_window(shell: InteractiveShell, torch: Any) -> None:
     x = torch.randn(2 * 1024 * 1024, device="cuda")  # 8 MiB in, 8 MiB out: fits in L2
     out = torch.empty_like(x)
@@ -233,6 +239,7 @@ def test_sync_check_names_the_op_and_line_and_restores_the_mode(
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.gpu_timing
 def test_work_on_a_side_stream_counts(
     shell: InteractiveShell, torch: Any, cycles_per_ms: float
 ) -> None:
@@ -256,6 +263,7 @@ def test_work_on_a_side_stream_counts(
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
+@pytest.mark.gpu_timing
 def test_a_default_stream_matmul_is_not_side_stream_work(
     shell: InteractiveShell, torch: Any
 ) -> None:
