@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 ENV = "PYTEST_CUDA_FAKE_GPUS"
@@ -145,3 +146,32 @@ def install() -> None:
     cuda._nvml = lambda: nvml  # type: ignore[assignment]
     cuda._torch_version_file = lambda: dict(versions)  # type: ignore[assignment]
     cuda.reset_status_cache()
+
+
+@dataclass(frozen=True)
+class StandInDevice:
+    """What ``torch.device("cuda", 1)`` is to the plugin's fixtures: a type, an index and
+    the text ``cuda:1``."""
+
+    type: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+def install_torch_stand_in() -> None:
+    """Put a stand-in for torch in ``sys.modules``, for planted runs about device selection.
+
+    Importing the real torch costs about 1.6 s of CPU in each process, and an xdist run
+    starts two to four of them; what those runs check is which devices the plugin hands
+    each worker (``CUDA_VISIBLE_DEVICES``, ``selected_devices``, the fixtures' device
+    names), for which the fixtures only build device objects. The real ``torch.device``
+    objects are checked on a GPU (test_plugin_gpu.py, test_plugin_two_gpus.py).
+    """
+    if "torch" in sys.modules:
+        return
+    torch = ModuleType("torch")
+    torch.device = StandInDevice  # type: ignore[attr-defined]
+    torch.cuda = SimpleNamespace(is_initialized=lambda: False)  # type: ignore[attr-defined]
+    sys.modules["torch"] = torch

@@ -2,7 +2,8 @@
 
 Every run here is a real ``pytest -n N`` in a subprocess on a made-up machine; the
 planted conftest makes each worker write down the environment it started with and the
-devices the plugin hands its tests.
+devices the plugin hands its tests. It stands in for torch too (see
+``fakenvml.install_torch_stand_in``): these runs are about which device each worker gets.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import fakenvml
 from pytest_cuda.plugin import selected_devices
 
 fakenvml.install()
+fakenvml.install_torch_stand_in()
 
 
 def pytest_sessionstart(session):
