@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 pytest: $(STAMP)
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html

@@ -92,7 +92,7 @@ pytest_phase() {
   [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || status=1
 }
 if [ "$run_tests" = 1 ]; then
-  pytest_phase pytest-parallel "${marker}not gpu_timing" -n "$workers" -q
+  pytest_phase pytest-parallel "${marker}not gpu_timing" -n "$workers" --dist loadgroup -q
   pytest_phase pytest-timing "${marker}gpu_timing" -q
 fi
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "demo.ipynb"
 
@@ -28,6 +30,7 @@ def test_notebook_is_generated_from_the_demo_script() -> None:
     )
 
 
+@pytest.mark.xdist_group("demo_notebook")  # one worker executes the notebook, once
 def test_notebook_runs_in_a_real_kernel(executed_demo: dict[str, object]) -> None:
     cells = [c for c in executed_demo["cells"] if c["cell_type"] == "code"]  # type: ignore[attr-defined, index]
     assert cells

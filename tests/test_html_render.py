@@ -27,10 +27,14 @@ GPU_NOTEBOOK = ROOT / "docs" / "demo-gpu.ipynb"
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
 )
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="headless Chromium is not installed (Debian package 'chromium'; .ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="headless Chromium is not installed "
+        "(Debian package 'chromium'; .ci/run installs it)",
+    ),
+    pytest.mark.xdist_group("demo_notebook"),  # the worker that executed the notebook
+]
 
 THEMES = {
     "light": "color-scheme: light; background: #ffffff; color: #1f2328;",
