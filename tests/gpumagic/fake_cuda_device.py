@@ -2,8 +2,11 @@
 
 ``launch(seconds)`` queues work and returns at once, like a CUDA kernel launch;
 ``synchronize`` and ``item`` wait until the queued work is done, in real time. Events
-carry the time at which the pretend GPU reaches them. ``install`` swaps it in through
-the GPU seam (``gpumagic.cuda``), the one place the profiler touches CUDA.
+carry the real time at which the pretend GPU reaches them (for ``event_completed``) and
+the pretend GPU's own clock, which advances only by the work launched: spans between
+events are what the GPU worked, however late a loaded host records them. ``install``
+swaps it in through the GPU seam (``gpumagic.cuda``), the one place the profiler
+touches CUDA.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FakeEvent:
     at: float  # perf_counter seconds at which the pretend GPU passes this event
+    gpu: float  # the pretend GPU's clock there: seconds of work launched before it
 
 
 class FakeDevice:
     def __init__(self) -> None:
         self.free_at = 0.0
+        self.launched = 0.0  # seconds of work launched so far: the pretend GPU's clock
         self.capturing = False
         self.debug_mode = 0
         self.allocated = 0
@@ -43,6 +48,7 @@ class FakeDevice:
         """Queue ``seconds`` of GPU work; returns at once."""
         now = time.perf_counter()
         self.free_at = max(self.free_at, now) + seconds
+        self.launched += seconds
 
     def item(self) -> float:
         """A hidden synchronization, like ``tensor.item()``."""
@@ -75,13 +81,13 @@ class FakeDevice:
         self._wait()
 
     def record_timing_event(self) -> FakeEvent:
-        return FakeEvent(max(self.free_at, time.perf_counter()))
+        return FakeEvent(max(self.free_at, time.perf_counter()), self.launched)
 
     def event_completed(self, event: FakeEvent) -> bool:
         return time.perf_counter() >= event.at
 
     def event_span_ms(self, start: FakeEvent, end: FakeEvent) -> float:
-        return (end.at - start.at) * 1e3
+        return (end.gpu - start.gpu) * 1e3
 
     def allocation_marks(self, device: int) -> tuple[int, int, int, int]:
         return self.allocated, self.peak, self.total_allocated, self.total_freed

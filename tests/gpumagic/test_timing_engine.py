@@ -72,9 +72,29 @@ def test_parse_amount_sizes_and_errors() -> None:
 
 
 # -- on the host (no GPU here, or --device cpu) -----------------------------------------
-def test_host_timing_reports_like_timeit() -> None:
+class FakeClock:
+    """A host clock that advances only when told to: timing logic without load noise."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def body(self, seconds: float) -> Callable[[], None]:
+        """A body that takes exactly ``seconds`` on this clock."""
+
+        def run() -> None:
+            self.now += seconds
+
+        return run
+
+
+def test_host_timing_reports_like_timeit(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
     options = TimingOptions(budget=0.3, host_only=True)
-    result = time_cuda(sleeper(200e-6), options, takes_count=False, label="s")
+    result = time_cuda(clock.body(200e-6), options, takes_count=False, label="s")
     assert result.clock == "host"
     assert result.gpu_time is None
     assert 150e-6 < result.median < 1e-3
