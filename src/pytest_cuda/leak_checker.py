@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
-from pytest_cuda.leak_plugin import MARKER, REPORT_LEAK, REPORT_PEAK
+from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leaks import (
     CudaLeakWarning,
     CudaMemory,
@@ -298,19 +298,19 @@ class LeakChecker:
         if result is None:
             return
         subject = _subject(check.item)
-        leak = {
-            "mode": check.mode,
-            "leaked": [[d, b] for d, b in sorted(result.leaked.items())],
-            "kept": [
-                [step, [[d, b] for d, b in sorted(freed.items()) if b > 0]]
+        leak = LeakReport(
+            mode=check.mode,
+            leaked=tuple(sorted(result.leaked.items())),
+            kept=tuple(
+                (step, tuple((d, b) for d, b in sorted(freed.items()) if b > 0))
                 for step, freed in result.kept_by_libraries()
-            ],
-            "summary": result.summary(subject, self.root) if result.leaked else "",
-            "details": result.details(subject, self.root) if result.leaked else "",
-            "top": result.top_frame(self.root),
-            "failed_by_leak": check.raised,
-        }
-        setattr(report, REPORT_LEAK, leak)
+            ),
+            summary=result.summary(subject, self.root) if result.leaked else "",
+            details=result.details(subject, self.root) if result.leaked else "",
+            top=result.top_frame(self.root),
+            failed_by_leak=check.raised,
+        )
+        setattr(report, REPORT_LEAK, leak.to_dict())
         if result.leaked:
             report.sections.append((SECTION, result.details(subject, self.root)))
 

@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_cuda.collection import marker_names
+from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, leak_report, peaks
+from pytest_cuda.options import option_group
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -31,7 +35,6 @@ if TYPE_CHECKING:
 
     from pytest_cuda.leaks import NoCudaLeak
 
-MARKER = "cuda_leak_check"
 MARKER_DOC = (
     "cuda_leak_check(tolerance=0, mode='fail'): fail the test when it leaves more than "
     "tolerance bytes per device (an int or a size like '4KiB') allocated in this "
@@ -42,14 +45,8 @@ MARKER_DOC = (
 CHECKER_NAME = "cuda.leaks"
 REPORTS_NAME = "cuda.leak-reports"
 
-#: Attribute on teardown reports (plain data, so it crosses from xdist workers).
-REPORT_LEAK = "cuda_leak"
-REPORT_PEAK = "cuda_peak"
-
 
 def pytest_addoption(parser: Parser) -> None:
-    from pytest_cuda.plugin import option_group
-
     group = option_group(parser)
     # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
@@ -104,8 +101,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.pluginmanager.get_plugin(CHECKER_NAME) is not None:
         return
-    from pytest_cuda.plugin import marker_names
-
     if MARKER in marker_names(config, items):
         _register(config)
 
@@ -144,8 +139,8 @@ class LeakOutcome:
     def pytest_report_teststatus(
         self, report: pytest.TestReport
     ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
-        leak = getattr(report, REPORT_LEAK, None)
-        if report.when == "teardown" and leak and leak.get("failed_by_leak") and report.failed:
+        leak = leak_report(report)
+        if report.when == "teardown" and leak and leak.failed_by_leak and report.failed:
             return "leaked", "L", ("LEAKED", {"red": True})
         return None
 
@@ -175,35 +170,27 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
 
 
 def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:
-    leaking = [
-        (r, leak)
-        for r in reports
-        if (leak := getattr(r, REPORT_LEAK, None)) is not None and leak["leaked"]
-    ]
+    leaking = [(r, leak) for r in reports if (leak := leak_report(r)) is not None and leak.leaked]
     if not leaking:
         return
     from gpumagic.devices import format_bytes
 
     tr.write_sep("=", "CUDA memory leaks", red=True)
     for report, leak in leaking:
-        if leak["mode"] == "fail":
+        if leak.mode == "fail":
             tr.write_sep("_", report.nodeid, red=True)
-            tr.write_line(leak["details"])
-    if any(leak["mode"] == "fail" for _, leak in leaking):
+            tr.write_line(leak.details)
+    if any(leak.mode == "fail" for _, leak in leaking):
         tr.write_sep("-", "leaking tests")
     for report, leak in leaking:
-        amounts = ", ".join(f"{format_bytes(b)} on cuda:{d}" for d, b in leak["leaked"])
-        label = "LEAKED" if leak["mode"] == "fail" else "WARNED"
-        where = f", allocated at {leak['top']}" if leak.get("top") else ""
+        amounts = ", ".join(f"{format_bytes(b)} on cuda:{d}" for d, b in leak.leaked)
+        label = "LEAKED" if leak.mode == "fail" else "WARNED"
+        where = f", allocated at {leak.top}" if leak.top else ""
         tr.write_line(f"{label} {report.nodeid} - {amounts}{where}")
 
 
 def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:
-    kept = [
-        (r, leak["kept"])
-        for r in reports
-        if (leak := getattr(r, REPORT_LEAK, None)) is not None and leak["kept"]
-    ]
+    kept = [(r, leak.kept) for r in reports if (leak := leak_report(r)) is not None and leak.kept]
     if not kept:
         return
     from gpumagic.devices import format_bytes
@@ -222,7 +209,7 @@ def _summarize_peaks(tr: TerminalReporter, reports: list[pytest.TestReport], cou
 
     rows = []
     for report in reports:
-        for device, peak, start in getattr(report, REPORT_PEAK, None) or ():
+        for device, peak, start in peaks(report):
             rows.append((peak, peak - start, device, report.nodeid))
     rows.sort(key=lambda row: (-row[0], -row[1], row[3]))
     shown = rows[:count]

@@ -13,7 +13,8 @@ Public API for the other pytest_cuda modules:
 * :func:`selected_devices` — the devices this process's tests may use;
 * :func:`cuda_requirement` — what a test's ``cuda`` markers (or device fixtures) ask;
 * :func:`item_devices` — the devices one test is given;
-* :func:`marker_names` — the markers a collection uses anywhere (one look per node).
+* :func:`~pytest_cuda.collection.marker_names` — the markers a collection uses anywhere
+  (one look per node; kept in a leaf module that the loaded modules share).
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import pytest
 
+from pytest_cuda import leak_plugin, sync_plugin
+from pytest_cuda.collection import marker_names
+from pytest_cuda.options import option_group
+
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import torch
-    from _pytest.config.argparsing import OptionGroup, Parser
-    from _pytest.nodes import Node
+    from _pytest.config.argparsing import Parser
 
     from gpumagic.devices import CudaStatus, DeviceInfo
     from pytest_cuda.markers import CudaRequirement
@@ -41,7 +47,7 @@ __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices
 #: Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes): loaded
 #: with this module, so ``-p no:cuda`` turns them all off, each under its module name
 #: (``-p no:pytest_cuda.sync_plugin`` turns one off).
-MODE_PLUGINS: tuple[str, ...] = ("pytest_cuda.leak_plugin", "pytest_cuda.sync_plugin")
+MODE_PLUGINS: tuple[ModuleType, ...] = (leak_plugin, sync_plugin)
 
 ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
@@ -72,12 +78,6 @@ _HEADER_SHOWN = pytest.StashKey[bool]()
 _USES_CUDA = pytest.StashKey[bool]()
 _ANY_CUDA = pytest.StashKey[bool]()
 SETUP_NAME = "cuda.setup"
-_MARKER_NAMES = pytest.StashKey[tuple[list[pytest.Item], int, frozenset[str]]]()
-
-
-def option_group(parser: Parser) -> OptionGroup:
-    """The one ``pytest --help`` section that every pytest_cuda module adds its options to."""
-    return parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
 
 
 def pytest_addoption(parser: Parser) -> None:
@@ -123,8 +123,9 @@ def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager
         # This module, just registered. Not ``pytest_plugins``: for each name there
         # pytest first reads the entry points of every installed distribution (2 ms
         # per name with 100 of them), on every run.
-        for name in MODE_PLUGINS:
-            manager.import_plugin(name)
+        for module in MODE_PLUGINS:
+            if not manager.is_registered(module):
+                manager.register(module, module.__name__)  # None where -p no: blocked it
         manager.register(CudaTestSetup(), SETUP_NAME)
         config = manager.get_plugin("pytestconfig")
         if isinstance(config, pytest.Config):  # loaded by a conftest, after the options
@@ -344,34 +345,6 @@ def item_devices(item: pytest.Item) -> tuple[DeviceInfo, ...]:
     """The devices ``item`` is given: its ``cuda_device`` parameter, else every selected one."""
     param = _device_param(item)
     return (param,) if param is not None else selected_devices(item.config)
-
-
-def marker_names(config: pytest.Config, items: list[pytest.Item]) -> frozenset[str]:
-    """The names of the markers on ``items`` and on their parents (module, class...).
-
-    The same markers ``item.get_closest_marker`` finds, with one look at each node
-    instead of a walk up the tree per test and name: collection hooks use it to do
-    nothing per test when no test carries their marker. Worked out once per list of
-    items: the other pytest_cuda modules' collection hooks run right after this
-    module's, on the same list.
-    """
-    cached = config.stash.get(_MARKER_NAMES, None)
-    if cached is not None and cached[0] is items and cached[1] == len(items):
-        return cached[2]
-    names: set[str] = set()
-    seen: set[int] = set()
-    for item in items:
-        node: Node | None = item
-        while node is not None and id(node) not in seen:
-            seen.add(id(node))
-            for mark in node.own_markers:
-                name = getattr(mark, "name", None)
-                if isinstance(name, str):
-                    names.add(name)
-            node = node.parent
-    found = frozenset(names)
-    config.stash[_MARKER_NAMES] = (items, len(items), found)
-    return found
 
 
 # ---------------------------------------------------------------------------

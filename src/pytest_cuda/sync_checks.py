@@ -42,6 +42,14 @@ from pytest_cuda.poison import (
     classify,
     write_nodeids,
 )
+from pytest_cuda.poison_report import (
+    LAUNCH_BLOCKING,
+    SUMMARY_NAME,
+    WORKER_EXIT_STATUS,
+    Action,
+    PoisonSummary,
+    note,
+)
 from pytest_cuda.repro import (
     FailureSite,
     describe_sync_op,
@@ -49,18 +57,11 @@ from pytest_cuda.repro import (
     library_dirs,
     repro_command,
 )
-from pytest_cuda.sync_plugin import (
-    LAUNCH_BLOCKING,
-    SUMMARY_NAME,
-    WORKER_EXIT_STATUS,
-    PoisonSummary,
-    note,
-)
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterator
 
-    from pytest_cuda.sync_plugin import Action, PoisonGuard
+    from pytest_cuda.sync_plugin import PoisonGuard
 
 __all__ = ["PhaseChecks", "SyncModes", "XdistCulprits", "no_implicit_sync"]
 

@@ -31,9 +31,19 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import pytest
+
+from pytest_cuda.collection import marker_names
+from pytest_cuda.options import option_group
+from pytest_cuda.poison_report import (
+    LAUNCH_BLOCKING,
+    NOTES,
+    SUMMARY_NAME,
+    Action,
+    PoisonSummary,
+)
 
 if TYPE_CHECKING:
     import contextlib
@@ -48,9 +58,6 @@ __all__ = ["POISON_ACTIONS", "SYNC_MODES"]
 
 SYNC_MODES = ("launch-blocking", "per-op")
 POISON_ACTIONS = ("continue", "stop", "skip")
-LAUNCH_BLOCKING = "CUDA_LAUNCH_BLOCKING"
-#: Exit status of an xdist worker that ends itself after a sticky CUDA error.
-WORKER_EXIT_STATUS = 3
 
 CUDA_SYNC_MARKER_DOC = (
     "cuda_sync: synchronize after every torch operation of this test (as "
@@ -64,8 +71,6 @@ CUDA_NO_SYNC_MARKER_DOC = (
     "mode; explicit torch.cuda.synchronize() and syncs outside torch are not seen. "
     "The cuda_no_sync fixture does the same for a with-block."
 )
-
-Action = Literal["continue", "stop", "skip", "replace-worker", "stop-child"]
 
 
 class DebugOptions(NamedTuple):
@@ -83,7 +88,6 @@ class DebugOptions(NamedTuple):
 
 
 _OPTIONS = pytest.StashKey[DebugOptions]()
-_NOTES = pytest.StashKey[dict[str, None]]()
 
 #: Libraries that run CUDA work and whose CUDA errors
 #: :func:`pytest_cuda.poison.classify` recognises. The checks after each test phase start
@@ -94,13 +98,9 @@ CUDA_LIBRARIES = frozenset({"torch", "cupy", "numba", "cuda", "pycuda", "jax"})
 
 #: The plugins registered when they have something to do.
 CHECKS_NAME = "cuda.poison-checks"
-CULPRIT_REPORTS_NAME = "cuda.poison-culprit-reports"
-SUMMARY_NAME = "cuda.poison-summary"
 
 
 def pytest_addoption(parser: Parser) -> None:
-    from pytest_cuda.plugin import option_group
-
     group = option_group(parser)
     # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
@@ -186,7 +186,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", CUDA_NO_SYNC_MARKER_DOC)
     options = _options(config)
     config.stash[_OPTIONS] = options
-    config.stash[_NOTES] = {}
+    config.stash[NOTES] = {}
     manager = config.pluginmanager
     if _is_xdist_controller(config):
         from pytest_cuda.sync_checks import XdistCulprits
@@ -297,20 +297,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The markers switch the sync modes on for their tests only; a run without them
     # pays nothing per test.
-    from pytest_cuda.plugin import marker_names
-
     if not marker_names(config, items).isdisjoint(("cuda_sync", "cuda_no_sync")):
         _register_sync_modes(config)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    for line in config.stash.get(_NOTES, {}):
+    for line in config.stash.get(NOTES, {}):
         terminalreporter.write_line(f"cuda debug: {line}", yellow=True)
-
-
-def note(config: pytest.Config, text: str) -> None:
-    """A line for the end of the run (``cuda debug: ...``), once however often noted."""
-    config.stash.setdefault(_NOTES, {})[text] = None
 
 
 # ---------------------------------------------------------------------------
@@ -423,56 +416,3 @@ class CudaImportWatch:
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
         if fullname in CUDA_LIBRARIES and self.guard.unwatch_imports():
             self.guard.start_checking()
-
-
-# ---------------------------------------------------------------------------
-# Reporting the culprits, once.
-
-
-class PoisonSummary:
-    """The session's culprits, in a section of the terminal summary.
-
-    Reports are read (:class:`CulpritReports`) once this process's guard has blamed a
-    test: before that, no report can name a culprit (the culprit's own, or those of the
-    fresh process that continues the session), so a clean run reads none. A plain
-    class: pytest keeps plugins in sets, so they must stay hashable.
-    """
-
-    def __init__(self) -> None:
-        self.culprits: list[tuple[str, dict[str, Any], str | None]] = []
-
-    def listen(self, manager: pytest.PytestPluginManager) -> None:
-        if not manager.has_plugin(CULPRIT_REPORTS_NAME):
-            manager.register(CulpritReports(self), CULPRIT_REPORTS_NAME)
-
-    def record(self, report: pytest.TestReport) -> None:
-        poison = getattr(report, "cuda_poison", None)
-        if isinstance(poison, dict):
-            self.culprits.append((report.nodeid, poison, getattr(report, "worker_id", None)))
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.culprits:
-            return
-        terminalreporter.write_sep("=", "CUDA context poisoned", yellow=True)
-        for nodeid, poison, worker in self.culprits:
-            consequence = {
-                "continue": "the tests after it ran in a fresh process",
-                "stop-child": "the tests after it ran in another fresh process",
-                "replace-worker": f"xdist worker {worker or '?'} was replaced; the test is "
-                "reported once, above",
-                "stop": "the run stopped there (--cuda-on-poison=stop)",
-                "skip": "the tests after it in that process were skipped",
-            }.get(str(poison.get("action")), "")
-            terminalreporter.write_line(
-                f"{nodeid} left a sticky CUDA error: {poison.get('error')}; {consequence}"
-            )
-
-
-class CulpritReports:
-    """Hands every report to :meth:`PoisonSummary.record`."""
-
-    def __init__(self, summary: PoisonSummary) -> None:
-        self.summary = summary
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.summary.record(report)

@@ -81,11 +81,14 @@ class FakeClock:
     def perf_counter(self) -> float:
         return self.now
 
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
     def body(self, seconds: float) -> Callable[[], None]:
         """A body that takes exactly ``seconds`` on this clock."""
 
         def run() -> None:
-            self.now += seconds
+            self.advance(seconds)
 
         return run
 
@@ -209,7 +212,7 @@ class FakeSeam:
         # Work left on another stream: the device sync waits for it, after the current
         # stream's end event has passed.
         if self.pending:
-            time.sleep(self.pending)
+            self.wait(self.pending)
             self.pending = 0.0
         self.log.append("sync")
 
@@ -228,7 +231,7 @@ class FakeSeam:
             self.ticks += self.fixed_span * (1.2 if slow else 1.0)
             return FakeEvent(self.ticks)
         self.log.append("record")
-        return FakeEvent(time.perf_counter())
+        return FakeEvent(self.clock())
 
     def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float:
         return (end.t - start.t) * 1e3
@@ -273,6 +276,8 @@ class FakeSeam:
         n = (self.calls - calls_before) * self.syncs_per_call
         return [cuda.SyncEvent("Tensor.item", files[0], 3)] * n
 
+    clock: Callable[[], float] = time.perf_counter  # what events and waits go by
+    wait: Callable[[float], None] = time.sleep
     calls: int = 0
     fixed_span: float = 0.0
     slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
@@ -326,19 +331,33 @@ def test_work_left_on_other_streams_is_counted(seam: FakeSeam) -> None:
     assert "other streams" in result.text()
 
 
-def test_a_slow_device_sync_is_not_taken_for_side_streams(seam: FakeSeam) -> None:
+def test_a_slow_device_sync_is_not_taken_for_side_streams(
+    seam: FakeSeam, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The device sync after the end event sometimes takes tens of microseconds longer
-    # than when idle (seen after cuBLAS GEMMs and joined streams): not side work.
-    body = sleeper(1e-3)
+    # than when idle (seen after cuBLAS GEMMs and joined streams): not side work. On a
+    # fake clock, so that a loaded host cannot add its own delays.
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    seam.clock = clock.perf_counter
+    seam.wait = clock.advance
+    body = clock.body(1e-3)
 
-    def run(n: int) -> None:
-        for _ in range(n):
-            body()
-        seam.side_work(40e-6)
+    def left_on_a_side_stream(seconds: float) -> Callable[[int], None]:
+        def run(n: int) -> None:
+            for _ in range(n):
+                body()
+                seam.side_work(seconds)
 
-    result = time_cuda(run, TimingOptions(loops=1, repeat=5, warmup=0))
+        return run
+
+    options = TimingOptions(loops=1, repeat=5, warmup=0)
+    result = time_cuda(left_on_a_side_stream(40e-6), options)
     assert not result.side_streams
     assert "other streams" not in result.text()
+    four_ms = time_cuda(left_on_a_side_stream(4e-3), options)
+    assert four_ms.side_streams  # the same clock sees real side work
+    assert four_ms.median == pytest.approx(5e-3)
 
 
 def test_a_body_without_cuda_work_is_timed_on_the_host(seam: FakeSeam) -> None:
