@@ -1,0 +1,125 @@
+"""The modules of ``src/`` import each other without a cycle.
+
+Every import counts: at module level and inside functions (the lazy ones), and every
+string that names a project module by its dotted name (for ``importlib.import_module``,
+pytest's ``import_plugin`` or a table of lazy names). Imports under ``if TYPE_CHECKING:`` are for annotations only and never run, so they
+are left out. A cycle means two modules each need the other to be read: one of them
+holds something that belongs lower down.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGES = ("gpumagic", "pytest_cuda")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in (SRC / package).rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(name: str) -> str | None:
+    """The project module ``name`` refers to (a module, or a name inside one)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str) -> set[str]:
+    """The project modules that ``module`` imports when it runs."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and "." in str(node.value) and node.value in MODULES:
+            # A module named in a string, to be imported by name (a bare package name
+            # in a string is a list of library roots, not an import).
+            names = [node.value]
+        else:
+            names = []
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One path around each cycle (strongly connected components of two or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return cycles
+
+
+def test_the_walk_sees_lazy_and_string_imports() -> None:
+    graph = {m: imports_of(m) for m in MODULES}
+    assert "pytest_cuda.leak_checker" in graph["pytest_cuda.leak_plugin"]  # in a function
+    assert "pytest_cuda.leaks" in graph["pytest_cuda"]  # a name in a string
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_in_src() -> None:
+    graph = {m: imports_of(m) for m in MODULES}
+    assert find_cycles(graph) == []
