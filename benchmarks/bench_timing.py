@@ -18,7 +18,7 @@ out by name). Each timer is a ratio to the reference of matching cache state:
 Runs are interleaved: every trial measures every workload with every method in turn, so
 drift in clocks or load hits all of them alike; ratios are medians over the trials with
 half the interquartile range. Once per workload, ``%cudatime --kernels`` gives the
-verdict and ``--sync-check`` the hidden syncs. Targets (issue 3) are checked last.
+verdict and ``--sync-check`` the hidden syncs. The targets are checked last.
 
     python benchmarks/bench_timing.py [--json results.jsonl] [--trials 5]
 

@@ -1,4 +1,4 @@
-"""The how-to guides run as written (issue 9: "each how-to's commands run as written").
+"""The how-to guides run as written: each how-to's commands, as a reader would type them.
 
 Each page under ``docs/howto/`` is read the way a person follows it:
 

@@ -2,9 +2,10 @@
 
 Every import counts: at module level and inside functions (the lazy ones), and every
 string that names a project module by its dotted name (for ``importlib.import_module``,
-pytest's ``import_plugin`` or a table of lazy names). Imports under ``if TYPE_CHECKING:`` are for annotations only and never run, so they
-are left out. A cycle means two modules each need the other to be read: one of them
-holds something that belongs lower down.
+pytest's ``import_plugin`` or a table of lazy names). Imports under ``if
+TYPE_CHECKING:`` are for annotations only and never run, so they are left out. A cycle
+means two modules each need the other to be read: one of them holds something that
+belongs lower down.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Terminal output stays plain text and aligned: no HTML leaks into IPython in a terminal
-or into pytest's logs (issue 9, point 4).
+or into pytest's logs.
 
 The magics display results with HTML *and* text; a terminal shows only the text. Here
 every magic runs in a real IPython shell whose display publisher and display hook print

@@ -312,7 +312,6 @@ class AllocatorStats:
     peak_reserved: int
     active: int = 0
     allocations: int = 0
-    num_ooms: int = 0
 
 
 def allocator_stats(device: int = 0) -> AllocatorStats:
@@ -335,7 +334,6 @@ def allocator_stats(device: int = 0) -> AllocatorStats:
         peak_reserved=get("reserved_bytes", "peak"),
         active=get("active_bytes"),
         allocations=get("allocation", "allocated") if "allocation" in stats else 0,
-        num_ooms=int(stats.get("num_ooms", 0)),
     )
 
 
@@ -398,7 +396,7 @@ def visible_devices(value: str | None) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------
-# %gpumem (issue 5): allocator counters, peak resets, allocation stacks, NVML per
+# %gpumem: allocator counters, peak resets, allocation stacks, NVML per
 # process, and the facts of live tensors. None of these creates a CUDA context: the
 # torch ones answer "nothing" until this process has initialised CUDA.
 
@@ -620,7 +618,7 @@ def memory_snapshot_segments() -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------
-# %lprun (issue 7): what the line profiler calls at every line boundary. These run
+# %lprun: what the line profiler calls at every line boundary. These run
 # thousands of times per profile, so they call torch's C functions directly, and none
 # of them creates a CUDA context.
 
@@ -739,7 +737,6 @@ class DevicePeaks:
     """What the timing report needs to know about one device."""
 
     name: str
-    l2_cache_bytes: int
     dram_bytes_per_s: float | None
     tensor_flops: float | None
     flops_basis: str
@@ -826,7 +823,6 @@ def device_peaks(device: int) -> DevicePeaks:
     flops = next((peak for key, peak in _DENSE_BF16_PEAKS if key in name), None)
     return DevicePeaks(
         name=name,
-        l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
         dram_bytes_per_s=dram,
         tensor_flops=flops,
         flops_basis="dense bf16 tensor-core peak" if flops else "",
@@ -1150,11 +1146,6 @@ def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> li
     return events
 
 
-def sync_debug_mode() -> int:
-    """torch's current sync debug mode (0 default, 1 warn, 2 error)."""
-    return int(torch_module().cuda.get_sync_debug_mode())
-
-
 _STICKY = (
     "device-side assert",
     "illegal memory access",
@@ -1189,7 +1180,7 @@ def cuda_error_hint(exc: BaseException) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# Leak checks (issue 6, pytest_cuda.leaks): releasing the memory that libraries keep by
+# Leak checks (pytest_cuda.leaks): releasing the memory that libraries keep by
 # design, so that only code's own leftovers remain in the allocator. None of these
 # creates a CUDA context: each does nothing before torch has initialised CUDA.
 
@@ -1295,7 +1286,7 @@ def memory_snapshot() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# Debugging asynchronous CUDA errors (issue 8, pytest_cuda.sync_plugin): the post-test
+# Debugging asynchronous CUDA errors (pytest_cuda.sync_plugin): the post-test
 # check for an error left in the context, a dispatch mode that synchronizes after every
 # op, and torch's sync debug mode with restore. Only forbid_implicit_sync creates a
 # context (the user asked for CUDA checking); the others do nothing until torch has one.

@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpumagic.units import format_bytes
+
 __all__ = [
     "CudaStatus",
     "DeviceInfo",
-    "format_bytes",
-    "parse_capability",
-    "parse_size",
     "parse_visible_devices",
     "select_visible",
 ]
@@ -138,73 +137,3 @@ def _find_device(physical: list[DeviceInfo], entry: int | str) -> DeviceInfo | N
         return next((d for d in physical if d.physical_index == entry), None)
     matches = [d for d in physical if d.uuid.startswith(entry)]
     return matches[0] if len(matches) == 1 else None
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-
-
-def parse_size(value: int | float | str) -> int:
-    """Bytes from an int or a human string: ``4096``, ``"512MiB"``, ``"40 GiB"``, ``"1.5GB"``.
-
-    Raises :class:`ValueError` with the accepted forms when ``value`` is not a size.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"not a memory size: {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"memory size must not be negative: {value!r}")
-        return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS:
-        raise ValueError(
-            f"not a memory size: {value!r}; use bytes or a number with a unit "
-            "such as '512MiB', '40GiB' or '1.5GB'"
-        )
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
-
-
-def parse_capability(value: tuple[int, int] | str | float) -> tuple[int, int]:
-    """A compute capability from ``(8, 0)``, ``"8.0"``, ``"sm_80"`` or ``8.0``."""
-    if isinstance(value, tuple):
-        if len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value):
-            return (value[0], value[1])
-        raise ValueError(f"not a compute capability: {value!r}; use (major, minor) like (8, 0)")
-    text = str(value).strip().lower()
-    match = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d))?", text)
-    if match is None:
-        raise ValueError(f"not a compute capability: {value!r}; use (8, 0), '8.0' or 'sm_80'")
-    if match.group(2) is None:
-        digits = match.group(1)
-        if text.startswith("sm") and len(digits) >= 2:
-            return (int(digits[:-1]), int(digits[-1]))
-        return (int(digits), 0)
-    return (int(match.group(1)), int(match.group(2)))
-
-
-def format_bytes(n: float) -> str:
-    """``1536`` → ``"1.5 KiB"``; binary units, one decimal, sign kept."""
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{sign}{int(value)} B"
-            return f"{sign}{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")

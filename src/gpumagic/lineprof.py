@@ -125,12 +125,10 @@ class _Record:
     syncs: int = 0
     capture_skips: int = 0
     sync_floor_ns: int = 0
-    residual_ns: int = 0
     gpu_unmeasured: int = 0
     failure: str | None = None
     hook: str = "none"
     wall_s: float = 0.0
-    sessions: int = 0
 
 
 class _Open:
@@ -348,7 +346,6 @@ class _BoundaryHook:
             self.armable, self.spent = saved
         samples.sort()
         self.residual = max(0, samples[len(samples) // 2])
-        self.record.residual_ns = self.residual
 
     def _arm(self) -> bool:
         """Start the CUDA work once the process has a CUDA context."""
@@ -848,7 +845,6 @@ class GpuLineProfiler(LineProfiler):
                 self.enable_by_count()
                 stack.callback(self.disable_by_count)
                 record.hook = installer.kind
-            record.sessions += 1
             try:
                 yield
             finally:

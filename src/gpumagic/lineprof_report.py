@@ -18,26 +18,17 @@ from typing import TYPE_CHECKING
 from line_profiler.line_profiler import get_code_block, get_column_widths, is_generated_code
 from line_profiler.toml_config import ConfigSource
 
-from gpumagic.devices import format_bytes
+from gpumagic.units import format_bytes, format_time
 
 if TYPE_CHECKING:
     from gpumagic.lineprof import Label, LineExtras, LineProfileResult
 
-__all__ = ["format_seconds", "notes", "render_html", "render_text"]
+__all__ = ["notes", "render_html", "render_text"]
 
 _SYNC_TITLE = (
     "the host waited for the GPU here: a synchronizing CUDA call "
     "(.item(), .cpu(), printing a tensor, nonzero(), ...)"
 )
-
-
-def format_seconds(seconds: float) -> str:
-    """``0.0215`` → ``"21.5 ms"``: three significant digits, s/ms/µs/ns."""
-    magnitude = abs(seconds)
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if magnitude >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
 
 
 def _signed_bytes(n: int) -> str:
@@ -75,7 +66,7 @@ def notes(result: LineProfileResult) -> list[str]:
             found.append(
                 "--no-sync: host times only; GPU work is billed to the line that waits for it."
             )
-        found.append(f"Wall time of the profiled statement: {format_seconds(result.wall_s)}.")
+        found.append(f"Wall time of the profiled statement: {format_time(result.wall_s)}.")
     elif result.gpu or result.memory:
         found.append("The statement used no CUDA: there are no GPU or memory columns.")
     if result.gpu_columns:
@@ -299,9 +290,9 @@ def render_html(
         extras = result.extras.get(label, {})
         total = sum(t[2] for t in timings)
         total_gpu_ms = sum(e.gpu_ms for e in extras.values())
-        summary = f"total {format_seconds(total * unit)}"
+        summary = f"total {format_time(total * unit)}"
         if gpu:
-            summary += f", GPU {format_seconds(total_gpu_ms * 1e-3)}"
+            summary += f", GPU {format_time(total_gpu_ms * 1e-3)}"
         out.append(
             f'<div class="head"><b>{html.escape(name)}</b> — {html.escape(filename)}:'
             f"{start} — {summary}</div>"
@@ -366,8 +357,8 @@ def _html_row(
         share = 100 * duration / total if total else 0.0
         cells += [
             f"<td>{hits}</td>",
-            f"<td{_bar(share, '#f4a261a0')}>{format_seconds(duration * unit)}</td>",
-            f"<td>{format_seconds(duration * unit / hits) if hits else ''}</td>",
+            f"<td{_bar(share, '#f4a261a0')}>{format_time(duration * unit)}</td>",
+            f"<td>{format_time(duration * unit / hits) if hits else ''}</td>",
             f"<td>{share:.1f}</td>",
         ]
     else:
@@ -376,7 +367,7 @@ def _html_row(
         if extra is not None and extra.gpu_spans:
             share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
             cells += [
-                f"<td{_bar(share, '#2a9d8fa0')}>{format_seconds(extra.gpu_ms * 1e-3)}</td>",
+                f"<td{_bar(share, '#2a9d8fa0')}>{format_time(extra.gpu_ms * 1e-3)}</td>",
                 f"<td>{share:.1f}</td>",
             ]
         else:

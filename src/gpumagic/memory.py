@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
-from gpumagic.devices import DeviceInfo, format_bytes
+from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from gpumagic.devices import DeviceInfo
 
 __all__ = [
     "CellDeviceChange",
@@ -60,7 +62,7 @@ __all__ = [
 ]
 
 # Every allocation stack recorded by ``%%gpumem --trace`` costs host memory; the
-# allocator's event ring buffer is kept this small (issue 5; research §8).
+# allocator's event ring buffer is kept this small.
 TRACE_MAX_ENTRIES = 10_000
 # The namespace walk stops after this many objects and says so.
 WALK_MAX_OBJECTS = 200_000

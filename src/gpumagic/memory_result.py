@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import memory
-from gpumagic.devices import format_bytes
+from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -39,16 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gpumagic import cuda
-from gpumagic.devices import parse_size
-from gpumagic.timing_result import (
-    FIRST_CALL_WARNING,
-    TIMES,
-    CudaTimeResult,
-    KernelStat,
-    SyncSite,
-    format_time,
-    quantile,
-)
+from gpumagic.timing_result import FIRST_CALL_WARNING, TIMES, CudaTimeResult, KernelStat, SyncSite
+from gpumagic.units import format_time, parse_size, quantile
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -76,7 +68,7 @@ COLD_NOISE_TARGET = 0.02  # single cold calls vary more
 WARMUP_SHARE = 0.25  # of the budget, at most, for warm-up
 STEADY = 0.10  # two warm-up batches this close count as steady
 MAX_RESIZES = 3  # times the runs may be resized when a run is far from the target length
-NOISY = 0.10  # warn above this relative IQR
+NOISY = 0.10  # warn above this relative IQR (torch.utils.benchmark uses 10 %)
 FLOOR_FACTOR = 5  # warn when the result is within this many timing floors
 FIRST_CALL_FACTOR = FIRST_CALL_WARNING  # warn when the first call took this many times longer
 GRAPH_REPLAY_TARGET = 2e-3  # GPU seconds per graph replay, for the unroll factor

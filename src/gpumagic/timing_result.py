@@ -14,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpumagic.units import format_time, quantile
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -31,33 +33,8 @@ __all__ = [
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
 
-#: Relative IQR above which a result is called noisy (torch.utils.benchmark uses 10 %).
-NOISY = 0.10
 #: First call / steady state above which the engine warns about the first call.
 FIRST_CALL_WARNING = 10
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile with linear interpolation (numpy's default), ``nan`` if empty."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    position = (len(ordered) - 1) * q
-    low = math.floor(position)
-    high = math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def format_time(seconds: float | None, precision: int = 3) -> str:
-    """``170 µs``, ``1.23 ms``, ``2.5 s`` with ``precision`` significant digits."""
-    if seconds is None or math.isnan(seconds):
-        return "n/a"
-    if seconds == 0:
-        return "0 s"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.{precision}g} {unit}"
-    return f"{seconds / 1e-9:.{precision}g} ns"
 
 
 def _percent(value: float) -> str:

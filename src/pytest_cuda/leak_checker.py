@@ -1,4 +1,4 @@
-"""The CUDA leak checker: measures the tests that are checked (issue 6).
+"""The CUDA leak checker: measures the tests that are checked.
 
 Registered by :mod:`pytest_cuda.leak_plugin` only when ``--cuda-leak-check``,
 ``--cuda-leak-trace`` or ``--cuda-memory-report`` asks for it or a collected test

@@ -1,4 +1,4 @@
-"""pytest glue for CUDA memory leak checks (issue 6).
+"""pytest glue for CUDA memory leak checks.
 
 ``--cuda-leak-check``, ``--cuda-leak-trace``, ``--cuda-memory-report N``, the
 ``cuda_leak_check`` marker and the ``no_cuda_leak`` fixture. Loaded with
@@ -173,7 +173,7 @@ def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> 
     leaking = [(r, leak) for r in reports if (leak := leak_report(r)) is not None and leak.leaked]
     if not leaking:
         return
-    from gpumagic.devices import format_bytes
+    from gpumagic.units import format_bytes
 
     tr.write_sep("=", "CUDA memory leaks", red=True)
     for report, leak in leaking:
@@ -193,7 +193,7 @@ def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> N
     kept = [(r, leak.kept) for r in reports if (leak := leak_report(r)) is not None and leak.kept]
     if not kept:
         return
-    from gpumagic.devices import format_bytes
+    from gpumagic.units import format_bytes
 
     tr.write_sep("-", "CUDA memory released before judging (kept by design, not leaks)")
     for report, steps in kept:
@@ -205,7 +205,7 @@ def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> N
 
 
 def _summarize_peaks(tr: TerminalReporter, reports: list[pytest.TestReport], count: int) -> None:
-    from gpumagic.devices import format_bytes
+    from gpumagic.units import format_bytes
 
     rows = []
     for report in reports:

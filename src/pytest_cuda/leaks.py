@@ -1,6 +1,6 @@
 """CUDA memory leak arithmetic: what a test left allocated, after settling, and where.
 
-The pure core of pytest_cuda's leak checks (issue 6). It never imports pytest and
+The pure core of pytest_cuda's leak checks. It never imports pytest and
 touches CUDA only through :mod:`gpumagic.cuda`:
 
 * **Readings** are this process's caching-allocator bytes per device
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpumagic import cuda
-from gpumagic.devices import format_bytes, parse_size
+from gpumagic.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from types import TracebackType

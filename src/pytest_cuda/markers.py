@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.devices import format_bytes, parse_capability, parse_size
+from gpumagic.units import format_bytes, parse_capability, parse_size
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence

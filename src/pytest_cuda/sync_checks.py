@@ -1,4 +1,4 @@
-"""The sync plugin's per-test hooks (issue 8), imported only when they have work.
+"""The sync plugin's per-test hooks, imported only when they have work.
 
 :mod:`pytest_cuda.sync_plugin` is imported on every pytest run; it imports this module
 (and with it the seam and the cure's modules) only when a sync mode is asked for, when

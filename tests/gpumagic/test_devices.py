@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpumagic.devices import (
-    CudaStatus,
-    DeviceInfo,
-    format_bytes,
-    parse_capability,
-    parse_size,
-    parse_visible_devices,
-    select_visible,
-)
+from gpumagic.devices import CudaStatus, DeviceInfo, parse_visible_devices, select_visible
+from gpumagic.units import format_bytes, parse_capability, parse_size
 
 BOARDS = [
     DeviceInfo(i, f"GPU{i}", 80 * 2**30, (9, 0), uuid=f"GPU-{i}aaa-{i}", physical_index=i)

@@ -243,7 +243,7 @@ class FakeSeam:
         self.log.append("restore streams")
 
     def device_peaks(self, device: int) -> cuda.DevicePeaks:
-        return cuda.DevicePeaks("Fake GPU", 50 << 20, 3.35e12, 989.4e12, "dense bf16")
+        return cuda.DevicePeaks("Fake GPU", 3.35e12, 989.4e12, "dense bf16")
 
     def l2_flush_buffer(self, device: int) -> FakeBuffer:
         return FakeBuffer()

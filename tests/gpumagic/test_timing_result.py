@@ -8,14 +8,8 @@ import re
 
 import pytest
 
-from gpumagic.timing_result import (
-    CudaTimeResult,
-    KernelStat,
-    SyncSite,
-    compare,
-    format_time,
-    quantile,
-)
+from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite, compare
+from gpumagic.units import format_time, quantile
 
 
 def result(per_loop: list[float], loops: int = 10, **kwargs: object) -> CudaTimeResult:

@@ -15,7 +15,7 @@ from gpu_records import RECORDER, WORK, by_worker, devices, keep, same_uuid, see
 from reports import skip_reasons
 
 from gpumagic import cuda
-from gpumagic.devices import format_bytes
+from gpumagic.units import format_bytes
 from pytest_cuda.selection import visible_devices_value
 
 pytestmark = pytest.mark.cuda
