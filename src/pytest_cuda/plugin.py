@@ -31,7 +31,7 @@ from pytest_cuda.options import option_group
 if TYPE_CHECKING:
     from types import ModuleType
 
-    import torch
+    import torch  # noqa: TID251 -- annotations only: the fixtures return torch.device
     from _pytest.config.argparsing import Parser
 
     from gpumagic.devices import CudaStatus, DeviceInfo

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpumagic import cuda
+from gpumagic.cuda import discovery
 
 
 class FakeNVMLError(Exception):
@@ -40,8 +41,8 @@ def fake_nvml(boards: list[tuple[str, str, int]]) -> Any:
 @pytest.fixture
 def two_boards(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake_nvml([("H200 A", "GPU-aaaa", 2**30), ("H200 B", "GPU-bbbb", 2**31)])
-    monkeypatch.setattr(cuda, "_nvml", lambda: nvml)
-    monkeypatch.setattr(cuda, "_torch_version_file", lambda: {"torch": "2.11", "cuda": "13.0"})
+    monkeypatch.setattr(discovery, "_nvml", lambda: nvml)
+    monkeypatch.setattr(discovery, "_torch_version_file", lambda: {"torch": "2.11", "cuda": "13.0"})
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
@@ -84,12 +85,14 @@ def test_status_cache_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_status_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_torch_version_file", lambda: {"torch": None, "cuda": None})
+    monkeypatch.setattr(discovery, "_torch_version_file", lambda: {"torch": None, "cuda": None})
     assert cuda.status().reason == "torch is not installed"
 
 
 def test_status_of_a_cpu_only_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_torch_version_file", lambda: {"torch": "2.13.0+cpu", "cuda": None})
+    monkeypatch.setattr(
+        discovery, "_torch_version_file", lambda: {"torch": "2.13.0+cpu", "cuda": None}
+    )
     status = cuda.status()
     assert not status.available
     assert status.reason == "torch 2.13.0+cpu was built without CUDA (a CPU-only build)"
@@ -99,8 +102,8 @@ def test_torch_version_file_matches_torch_without_importing_it() -> None:
     code = textwrap.dedent(
         """
         import sys
-        from gpumagic import cuda
-        found = cuda._torch_version_file()
+        from gpumagic.cuda import discovery
+        found = discovery._torch_version_file()
         assert "torch" not in sys.modules, "reading the version imported torch"
         import torch
         assert found == {"torch": torch.__version__, "cuda": torch.version.cuda}, found

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda, timing
+from gpumagic.cuda import runtime
 from gpumagic.devices import CudaStatus, DeviceInfo
 from gpumagic.timing import TimingOptions, parse_amount, time_cuda
 
@@ -541,7 +542,7 @@ def test_capture_reason_explains_host_syncs() -> None:
         except RuntimeError:
             raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
     except RuntimeError as exc:
-        reason = cuda._capture_reason(exc)
+        reason = runtime._capture_reason(exc)
     assert "synchronizes with the host" in reason
     assert ".item()" in reason
     assert "not permitted when stream is capturing" in reason

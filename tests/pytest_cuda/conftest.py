@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
+from gpumagic.cuda import discovery
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -52,8 +53,8 @@ def fake_gpus(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Fak
     and xdist workers alike); ``CUDA_VISIBLE_DEVICES`` starts unset. The seam's real
     discovery functions are put back after the test whatever the inner run did.
     """
-    monkeypatch.setattr(cuda, "_nvml", cuda._nvml)
-    monkeypatch.setattr(cuda, "_torch_version_file", cuda._torch_version_file)
+    monkeypatch.setattr(discovery, "_nvml", discovery._nvml)
+    monkeypatch.setattr(discovery, "_torch_version_file", discovery._torch_version_file)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("PYTEST_CUDA_DEVICES", raising=False)
     source = (Path(__file__).parent / "fakenvml.py").read_text()

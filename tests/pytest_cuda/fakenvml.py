@@ -139,12 +139,13 @@ class FakeNVML:
 def install() -> None:
     """Point :mod:`gpumagic.cuda`'s discovery at the machine in ``$PYTEST_CUDA_FAKE_GPUS``."""
     from gpumagic import cuda
+    from gpumagic.cuda import discovery
 
     spec = json.loads(os.environ[ENV])
     nvml = FakeNVML([Board.from_json(b) for b in spec["boards"]], spec.get("driver", "580.95.05"))
     versions = {"torch": spec.get("torch", "2.11.0+cu130"), "cuda": spec.get("cuda", "13.0")}
-    cuda._nvml = lambda: nvml  # type: ignore[assignment]
-    cuda._torch_version_file = lambda: dict(versions)  # type: ignore[assignment]
+    discovery._nvml = lambda: nvml  # type: ignore[assignment]
+    discovery._torch_version_file = lambda: dict(versions)  # type: ignore[assignment]
     cuda.reset_status_cache()
 
 

@@ -15,11 +15,11 @@ if TYPE_CHECKING:
 CHECKING_CONFTEST = """
 import sys
 
-from gpumagic import cuda
+from gpumagic.cuda import discovery
 
 discoveries = []
-real = cuda._status_now
-cuda._status_now = lambda: discoveries.append(1) or real()
+real = discovery._status_now
+discovery._status_now = lambda: discoveries.append(1) or real()
 
 
 def pytest_sessionfinish(session):

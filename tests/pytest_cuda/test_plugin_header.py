@@ -29,12 +29,12 @@ CPU_TEST = "def test_cpu():\n    pass\n"
 
 COUNTING_CONFTEST = """
 import fakenvml
-from gpumagic import cuda
+from gpumagic.cuda import discovery
 
 fakenvml.install()
 calls = []
-real = cuda._status_now
-cuda._status_now = lambda: calls.append(1) or real()
+real = discovery._status_now
+discovery._status_now = lambda: calls.append(1) or real()
 
 
 def pytest_unconfigure(config):

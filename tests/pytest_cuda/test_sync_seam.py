@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpumagic import cuda
+from gpumagic.cuda import debug
 
 torch = pytest.importorskip("torch")
 
@@ -67,7 +68,7 @@ def test_per_op_mode_nests_and_unwinds() -> None:
 
 def test_first_cuda_device_ignores_cpu_tensors() -> None:
     cpu = torch.ones(1)
-    assert cuda._first_cuda_device(torch, (cpu, [cpu], (), None, 3)) is None
+    assert debug._first_cuda_device(torch, (cpu, [cpu], (), None, 3)) is None
 
 
 def test_forbid_implicit_sync_needs_cuda() -> None:

@@ -1,0 +1,181 @@
+"""The one package that talks to torch's CUDA API and to NVML, one module per facility.
+
+Everything else in gpumagic and pytest_cuda goes through these functions (as
+``from gpumagic import cuda; cuda.synchronize(...)``), so readers know where CUDA is
+touched and tests can swap it in one place:
+
+* :mod:`~gpumagic.cuda.discovery`: status, devices, NVML and ``CUDA_VISIBLE_DEVICES``;
+  never a context;
+* :mod:`~gpumagic.cuda.runtime`: synchronize, events, streams, spin, L2 flush, graphs,
+  device properties;
+* :mod:`~gpumagic.cuda.allocator`: the caching allocator's counters, history, snapshots
+  and library caches;
+* :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
+  asynchronous CUDA errors.
+
+Rules kept here:
+
+* Nothing is imported at module import: torch on first CUDA use, pynvml on first
+  discovery.
+* Discovery never creates a CUDA context: it asks NVML, maps the boards through
+  ``CUDA_VISIBLE_DEVICES`` and reads torch's version file instead of importing torch.
+* Without CUDA (torch missing, a CPU-only build, no driver, every device hidden) the
+  functions answer with a reason (:class:`CudaUnavailable`) instead of raising deep
+  inside torch.
+"""
+
+from __future__ import annotations
+
+from gpumagic.cuda.allocator import (
+    AllocatorStats,
+    TensorFacts,
+    allocation_marks,
+    allocator_backend,
+    allocator_counters,
+    allocator_stats,
+    clear_fft_plan_caches,
+    device_total_memory,
+    empty_cache,
+    memory_history_enabled,
+    memory_snapshot,
+    memory_snapshot_segments,
+    on_cuda_init,
+    release_blas_workspaces,
+    release_cached_blocks,
+    reset_compile_caches,
+    reset_peak_memory_stats,
+    start_allocation_history,
+    start_memory_history,
+    stop_memory_history,
+    tensor_facts,
+)
+from gpumagic.cuda.debug import (
+    SYNC_WARNING_MESSAGE,
+    AsyncCudaError,
+    ImplicitSyncError,
+    KernelProfile,
+    SyncEvent,
+    async_error,
+    catch_syncs,
+    cuda_error_hint,
+    forbid_implicit_sync,
+    get_sync_debug_mode,
+    profile_kernels,
+    set_sync_debug_mode,
+    sync_after_each_op,
+)
+from gpumagic.cuda.discovery import (
+    CudaUnavailable,
+    device_count,
+    devices,
+    is_initialized,
+    nvml_device_memory,
+    nvml_memory_info,
+    nvml_process_memory,
+    nvml_processes,
+    require,
+    reset_status_cache,
+    status,
+    torch_module,
+    torch_package_dir,
+    visible_devices,
+)
+from gpumagic.cuda.runtime import (
+    DevicePeaks,
+    GraphCaptureError,
+    capture_graph,
+    context_devices,
+    current_device,
+    current_streams,
+    device_peaks,
+    devices_with_context,
+    elapsed_ms,
+    event_completed,
+    event_span_ms,
+    flush_l2,
+    l2_flush_buffer,
+    new_event,
+    record_event,
+    record_timing_event,
+    restore_streams,
+    spin,
+    stream_is_capturing,
+    synchronize,
+    synchronize_each,
+    use_device,
+    visible_device_total,
+)
+
+__all__ = [
+    "SYNC_WARNING_MESSAGE",
+    "AllocatorStats",
+    "AsyncCudaError",
+    "CudaUnavailable",
+    "DevicePeaks",
+    "GraphCaptureError",
+    "ImplicitSyncError",
+    "KernelProfile",
+    "SyncEvent",
+    "TensorFacts",
+    "allocation_marks",
+    "allocator_backend",
+    "allocator_counters",
+    "allocator_stats",
+    "async_error",
+    "capture_graph",
+    "catch_syncs",
+    "clear_fft_plan_caches",
+    "context_devices",
+    "cuda_error_hint",
+    "current_device",
+    "current_streams",
+    "device_count",
+    "device_peaks",
+    "device_total_memory",
+    "devices",
+    "devices_with_context",
+    "elapsed_ms",
+    "empty_cache",
+    "event_completed",
+    "event_span_ms",
+    "flush_l2",
+    "forbid_implicit_sync",
+    "get_sync_debug_mode",
+    "is_initialized",
+    "l2_flush_buffer",
+    "memory_history_enabled",
+    "memory_snapshot",
+    "memory_snapshot_segments",
+    "new_event",
+    "nvml_device_memory",
+    "nvml_memory_info",
+    "nvml_process_memory",
+    "nvml_processes",
+    "on_cuda_init",
+    "profile_kernels",
+    "record_event",
+    "record_timing_event",
+    "release_blas_workspaces",
+    "release_cached_blocks",
+    "require",
+    "reset_compile_caches",
+    "reset_peak_memory_stats",
+    "reset_status_cache",
+    "restore_streams",
+    "set_sync_debug_mode",
+    "spin",
+    "start_allocation_history",
+    "start_memory_history",
+    "status",
+    "stop_memory_history",
+    "stream_is_capturing",
+    "sync_after_each_op",
+    "synchronize",
+    "synchronize_each",
+    "tensor_facts",
+    "torch_module",
+    "torch_package_dir",
+    "use_device",
+    "visible_device_total",
+    "visible_devices",
+]

@@ -1,0 +1,427 @@
+"""Debugging CUDA work: torch's sync-debug modes, catching hidden host syncs, the
+CUPTI kernel profile, asynchronous CUDA errors and the per-op synchronize mode."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.cuda.discovery import is_initialized, require, torch_module
+from gpumagic.cuda.runtime import FLUSH_LABEL, devices_with_context, synchronize, synchronize_each
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+
+#: The text torch warns with, in ``set_sync_debug_mode("warn")``, when an operation
+#: makes the host wait for the GPU (``.item()``, ``.cpu()``, ``nonzero()``...).
+SYNC_WARNING_MESSAGE = "called a synchronizing CUDA operation"
+
+
+def get_sync_debug_mode() -> int:
+    """torch's sync debug mode (0 off, 1 warn, 2 error); 0 before CUDA is initialised."""
+    if not is_initialized():
+        return 0
+    return int(torch_module()._C._cuda_get_sync_debug_mode())
+
+
+def set_sync_debug_mode(mode: int) -> None:
+    """Set torch's sync debug mode; only call it once CUDA is initialised. torch's
+    "prototype feature" warning on switching it is not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch_module()._C._cuda_set_sync_debug_mode(mode)
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """CUPTI's record of a profiled stretch of iterations (times in µs)."""
+
+    busy_us: float
+    span_us: float | None
+    kernels: tuple[tuple[str, int, float], ...]
+    flushes_removed: int
+
+
+def profile_kernels(
+    warm: Callable[[], object], run: Callable[[], object], devices: Iterable[int], flushes: int = 0
+) -> KernelProfile:
+    """Kernel, copy and memset time of ``run()`` from CUPTI (torch.profiler).
+
+    ``warm()`` runs during the profiler's warm-up step, whose records are dropped (a fresh
+    profiler session can lose the first activities). With ``flushes`` > 0, kernels launched
+    inside :func:`flush_l2` are taken out of the figures.
+    """
+    import warnings
+
+    torch = torch_module()
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    devices = list(devices)
+    activities = [ProfilerActivity.CUDA]
+    if flushes:
+        activities.append(ProfilerActivity.CPU)
+
+    def record() -> Any:
+        with profile(
+            activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)
+        ) as prof:
+            warm()
+            synchronize(devices)
+            prof.step()
+            run()
+            synchronize(devices)
+            prof.step()
+        return prof
+
+    with warnings.catch_warnings():
+        # One cycle only: torch's note that later cycles drop this one's events does not
+        # concern us.
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        prof = record()
+    return _kernel_profile(prof.events(), torch.autograd.DeviceType, flushes)
+
+
+def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfile:
+    annotations = {FLUSH_LABEL} | {
+        e.name
+        for e in events
+        if e.device_type == device_type.CPU and getattr(e, "is_user_annotation", False)
+    }
+    on_device = [
+        e
+        for e in events
+        if e.device_type == device_type.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in annotations
+        and not e.name.startswith("ProfilerStep")
+    ]
+    totals: dict[str, list[float]] = {}
+    for e in on_device:
+        entry = totals.setdefault(e.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.end - e.time_range.start
+    removed = 0
+    if flushes:
+        ranges = [
+            (e.time_range.start, e.time_range.end)
+            for e in events
+            if e.name == FLUSH_LABEL and e.device_type == device_type.CPU
+        ]
+        for e in events:
+            if e.device_type != device_type.CPU or getattr(e, "is_user_annotation", False):
+                continue
+            if not any(lo <= e.time_range.start <= hi for lo, hi in ranges):
+                continue
+            for kernel in getattr(e, "kernels", ()):
+                found = totals.get(kernel.name)
+                if found is not None and found[0] > 0:
+                    found[0] -= 1
+                    found[1] -= kernel.duration
+                    removed += 1
+    kernels = tuple(
+        sorted(
+            ((name, int(c), float(us)) for name, (c, us) in totals.items() if c > 0),
+            key=lambda k: -k[2],
+        )
+    )
+    span = None
+    if on_device and not flushes:
+        span = max(e.time_range.end for e in on_device) - min(e.time_range.start for e in on_device)
+    return KernelProfile(
+        busy_us=sum(k[2] for k in kernels), span_us=span, kernels=kernels, flushes_removed=removed
+    )
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """One host synchronization caught by :func:`catch_syncs`."""
+
+    op: str
+    filename: str
+    lineno: int
+
+
+_SYNC_TEXT = "called a synchronizing CUDA operation"  # torch's warning under "warn"
+
+
+_DUNDER_OPS = {
+    "__bool__": "bool(tensor)",
+    "__int__": "int(tensor)",
+    "__float__": "float(tensor)",
+    "__index__": "using a tensor as an index",
+    "__format__": "formatting a tensor",
+    "__repr__": "printing a tensor",
+    "__str__": "printing a tensor",
+    "__array__": "tensor to numpy",
+    "__iter__": "iterating over a tensor",
+}
+
+
+def _op_name(func: Any) -> str:
+    name = str(getattr(func, "__name__", func))
+    if name in _DUNDER_OPS:
+        return _DUNDER_OPS[name]
+    qualname = str(getattr(func, "__qualname__", name))
+    if qualname.startswith(("TensorBase.", "Tensor.")):
+        return "Tensor." + name
+    module = str(getattr(func, "__module__", "") or "torch")
+    return f"{module}.{name}" if not qualname.startswith(module) else qualname
+
+
+@functools.cache
+def _sync_mode_class() -> type:
+    torch = torch_module()
+    library_dirs = tuple(
+        str(Path(m.__file__).parent) for m in (torch, sys.modules[__name__]) if m.__file__
+    )
+
+    base: Any = torch.overrides.TorchFunctionMode
+
+    class SyncSites(base):  # type: ignore[misc]
+        """Attributes each sync warning to the torch call that raised it and its caller."""
+
+        def __init__(self, caught: list[Any], code_files: frozenset[str]) -> None:
+            super().__init__()
+            self.caught = caught
+            self.code_files = code_files
+            self.events: list[SyncEvent] = []
+            self.seen: set[int] = set()
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            before = len(self.caught)
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                for w in self.caught[before:]:
+                    if _SYNC_TEXT in str(w.message) and id(w) not in self.seen:
+                        self.seen.add(id(w))
+                        filename, lineno = self._caller()
+                        self.events.append(SyncEvent(_op_name(func), filename, lineno))
+
+        def _caller(self) -> tuple[str, int]:
+            frame: Any = sys._getframe(2)
+            fallback: tuple[str, int] | None = None
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if name in self.code_files:
+                    return name, frame.f_lineno
+                if fallback is None and not name.startswith(library_dirs):
+                    fallback = (name, frame.f_lineno)
+                frame = frame.f_back
+            return fallback or ("<unknown>", 0)
+
+    return SyncSites
+
+
+def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> list[SyncEvent]:
+    """Run ``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` and return each host
+    synchronization it caused, named by op and source line. The previous mode is put back.
+    """
+    import warnings
+
+    torch = torch_module()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mode = _sync_mode_class()(caught, frozenset(code_files))
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with mode:
+                run()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    events: list[SyncEvent] = list(mode.events)
+    for w in caught:
+        if _SYNC_TEXT in str(w.message) and id(w) not in mode.seen:
+            events.append(SyncEvent("a torch internal call", w.filename, w.lineno))
+    return events
+
+
+_STICKY = (
+    "device-side assert",
+    "illegal memory access",
+    "misaligned address",
+    "unspecified launch failure",
+    "illegal instruction",
+    "an illegal",
+)
+
+
+def cuda_error_hint(exc: BaseException) -> str | None:
+    """What to do about a CUDA error raised by user code (``None`` if it is not one)."""
+    text = str(exc)
+    if "out of memory" in text and "CUDA" in text:
+        return (
+            "The body ran out of GPU memory: free tensors you no longer need (del them, "
+            "then torch.cuda.empty_cache()) or time a smaller problem."
+        )
+    if "CUDA error" not in text and "CUDA kernel errors" not in text:
+        return None
+    hint = (
+        "This CUDA error came from the timed body. Kernel errors surface at a later call, "
+        "so the line shown may not be the culprit: set CUDA_LAUNCH_BLOCKING=1 before CUDA "
+        "starts (restart the kernel) to see the launching line."
+    )
+    if any(s in text for s in _STICKY):
+        hint += (
+            " This kind of error is sticky: the CUDA context cannot be used any more in "
+            "this process; restart the kernel."
+        )
+    return hint
+
+
+@dataclass(frozen=True)
+class AsyncCudaError:
+    """A CUDA error that surfaced when synchronizing, after the work that caused it."""
+
+    message: str
+    #: The context stayed unusable: a second synchronize failed as well (device-side
+    #: assert, illegal address...), so every later CUDA call in the process fails.
+    sticky: bool
+
+
+def _synchronize_error() -> str | None:
+    try:
+        synchronize_each(devices_with_context())
+    except RuntimeError as error:  # torch.AcceleratorError (torch >= 2.8) is one
+        return str(error)
+    return None
+
+
+def async_error() -> AsyncCudaError | None:
+    """Synchronize every device this process uses; the error that surfaces, if any.
+
+    The post-test health check. Returns ``None`` at once (no torch import, no CUDA
+    call) when torch has not initialised CUDA; else costs one device synchronize per
+    device with a context. A failing synchronize is tried once more: a sticky error
+    fails again, because it leaves the context unusable.
+    """
+    if not is_initialized():
+        return None
+    first = _synchronize_error()
+    if first is None:
+        return None
+    return AsyncCudaError(first, sticky=_synchronize_error() is not None)
+
+
+def _first_cuda_device(torch: Any, values: tuple[Any, ...]) -> int | None:
+    """The device index of the first CUDA tensor among ``values`` (one level of lists)."""
+    for value in values:
+        first = (value[0] if value else None) if isinstance(value, list | tuple) else value
+        if isinstance(first, torch.Tensor) and first.is_cuda:
+            return int(first.device.index)
+    return None
+
+
+@functools.cache
+def _sync_after_each_op_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch = torch_module()
+
+    class SyncAfterEachOp(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        """Synchronize the device after every op that touched a CUDA tensor."""
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            __tracebackhide__ = True
+            out = func(*args, **(kwargs or {}))
+            device = _first_cuda_device(torch, (out, *args))
+            if device is None or torch._C._cuda_isCurrentStreamCapturing():
+                return out
+            try:
+                synchronize_each((device,))
+            except RuntimeError as error:
+                error.add_note(
+                    f"pytest_cuda: raised by the synchronize right after {func} "
+                    "(per-op sync): this op queued the kernel that failed"
+                )
+                # The error belongs to the line that called the op, not to synchronize().
+                raise error.with_traceback(None) from None
+            return out
+
+    return SyncAfterEachOp
+
+
+def sync_after_each_op() -> contextlib.AbstractContextManager[Any]:
+    """A ``TorchDispatchMode``: synchronize after every torch op on a CUDA tensor.
+
+    An asynchronous error is then raised by the op that queued the failing kernel, at
+    its line, without restarting the process. Ops on CPU tensors are not synchronized,
+    nor ops inside a CUDA graph capture. Kernels launched outside torch's dispatcher
+    (Triton launched directly, CuPy, custom extensions called without an op) are not
+    seen.
+    """
+    mode: contextlib.AbstractContextManager[Any] = _sync_after_each_op_mode()()
+    return mode
+
+
+class ImplicitSyncError(RuntimeError):
+    """An implicit host-device synchronization inside :func:`forbid_implicit_sync`."""
+
+    def __init__(self, op: str | None, message: str) -> None:
+        super().__init__(message)
+        #: The torch op that synchronized (``aten._local_scalar_dense.default``), when
+        #: it went through torch's dispatcher.
+        self.op = op
+
+
+@functools.cache
+def _name_implicit_sync_mode() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NameImplicitSync(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        """Turn torch's "called a synchronizing CUDA operation" into an error naming the op."""
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> Any:
+            __tracebackhide__ = True
+            try:
+                return func(*args, **(kwargs or {}))
+            except RuntimeError as error:
+                message = str(error)
+                if SYNC_WARNING_MESSAGE not in message:
+                    raise
+                raise ImplicitSyncError(str(func), message.splitlines()[0]) from None
+
+    return NameImplicitSync
+
+
+@contextlib.contextmanager
+def forbid_implicit_sync() -> Iterator[None]:
+    """Raise :class:`ImplicitSyncError` when code in the block makes the host wait.
+
+    ``torch.cuda.set_sync_debug_mode("error")`` plus a dispatch mode that names the op;
+    the previous mode is put back afterwards. Creates a CUDA context; raises
+    :class:`CudaUnavailable` without CUDA. It cannot see explicit synchronization
+    (``torch.cuda.synchronize()``, ``Event/Stream.synchronize()``) nor syncs outside
+    torch's kernels (CuPy, extensions), and torch documents the mode as a prototype
+    that misses some ops (``torch.distributed``, ``torch.sparse``). The mode is
+    process-wide: other threads are affected while the block runs.
+    """
+    import warnings
+
+    require()
+    torch = torch_module()
+    torch.cuda.init()
+    previous = get_sync_debug_mode()
+    with warnings.catch_warnings():
+        # torch warns once that the mode is a prototype; the docs say so instead.
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        set_sync_debug_mode(2)
+    try:
+        with _name_implicit_sync_mode()():
+            yield
+    finally:
+        set_sync_debug_mode(previous)

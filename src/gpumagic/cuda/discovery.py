@@ -1,0 +1,347 @@
+"""Discovery: which CUDA devices this process can use, and why not when it cannot.
+
+Never creates a CUDA context: NVML is asked for the boards, ``CUDA_VISIBLE_DEVICES``
+maps them to indices, and torch's version file is read instead of importing torch.
+Without CUDA (torch missing, a CPU-only build, no driver, every device hidden) the
+answer carries a reason (:class:`CudaUnavailable`) instead of an error deep in torch.
+Also the per-process NVML readings (device and process memory) and the one place that
+imports torch (:func:`torch_module`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from gpumagic.devices import (
+    CudaStatus,
+    DeviceInfo,
+    parse_visible_devices,
+    select_visible,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import ModuleType
+
+
+class CudaUnavailable(RuntimeError):
+    """CUDA work was asked for where none is possible; the message says why."""
+
+
+def _torch_version_file() -> dict[str, str | None]:
+    """``torch/version.py``'s ``__version__`` and ``cuda`` without importing torch."""
+    if "torch" in sys.modules:
+        module = sys.modules["torch"]
+        version = getattr(module, "version", None)
+        return {
+            "torch": getattr(module, "__version__", None),
+            "cuda": getattr(version, "cuda", None),
+        }
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {"torch": None, "cuda": None}
+    path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        text = path.read_text()
+    except OSError:
+        return {"torch": "unknown", "cuda": None}
+    found: dict[str, str | None] = {"torch": "unknown", "cuda": None}
+    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+        match = re.search(rf"^{name}\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if match:
+            found[key] = match.group(1)
+    return found
+
+
+@functools.cache
+def _nvml() -> ModuleType | None:
+    """pynvml, initialised once; ``None`` when the library or the driver is missing."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    return cast("ModuleType", pynvml)
+
+
+def _as_str(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nvml_physical_devices(nvml: ModuleType) -> list[DeviceInfo]:
+    found = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        try:
+            capability = tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle))
+        except nvml.NVMLError:
+            capability = (0, 0)
+        found.append(
+            DeviceInfo(
+                index=i,
+                name=_as_str(nvml.nvmlDeviceGetName(handle)),
+                total_memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                capability=(int(capability[0]), int(capability[1])),
+                uuid=_as_str(nvml.nvmlDeviceGetUUID(handle)),
+                physical_index=i,
+            )
+        )
+        found.extend(_nvml_mig_devices(nvml, handle, found[-1]))
+    return found
+
+
+def _nvml_mig_devices(nvml: ModuleType, handle: Any, parent: DeviceInfo) -> list[DeviceInfo]:
+    """MIG instances of one board, so ``CUDA_VISIBLE_DEVICES=MIG-…`` can be resolved."""
+    try:
+        count = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except nvml.NVMLError:
+        return []
+    migs = []
+    for j in range(count):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except nvml.NVMLError:
+            continue
+        migs.append(
+            DeviceInfo(
+                index=-1,
+                name=_as_str(nvml.nvmlDeviceGetName(mig)),
+                total_memory=int(nvml.nvmlDeviceGetMemoryInfo(mig).total),
+                capability=parent.capability,
+                uuid=_as_str(nvml.nvmlDeviceGetUUID(mig)),
+                physical_index=None,
+            )
+        )
+    return migs
+
+
+def _status_now() -> CudaStatus:
+    versions = _torch_version_file()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    common: dict[str, Any] = {
+        "torch_version": versions["torch"],
+        "cuda_version": versions["cuda"],
+        "visible_devices_env": env,
+    }
+    if versions["torch"] is None:
+        return CudaStatus(False, "torch is not installed", **common)
+    if versions["cuda"] is None:
+        return CudaStatus(
+            False, f"torch {versions['torch']} was built without CUDA (a CPU-only build)", **common
+        )
+    nvml = _nvml()
+    if nvml is None:
+        return _status_from_torch(common)
+    driver = _as_str(nvml.nvmlSystemGetDriverVersion())
+    common["driver_version"] = driver
+    physical = _nvml_physical_devices(nvml)
+    boards = [d for d in physical if d.physical_index is not None]
+    if not boards:
+        return CudaStatus(False, "the NVIDIA driver reports no GPU", **common)
+    # With the variable set, MIG instances are candidates too (``MIG-…`` ids).
+    visible = select_visible(physical if env is not None else boards, parse_visible_devices(env))
+    if not visible:
+        return CudaStatus(
+            False,
+            f"CUDA_VISIBLE_DEVICES={env!r} hides all {len(boards)} GPU(s) of this machine",
+            **common,
+        )
+    return CudaStatus(True, "", devices=tuple(visible), **common)
+
+
+def _status_from_torch(common: dict[str, Any]) -> CudaStatus:
+    """NVML is missing: ask torch (``device_count`` creates no context) for a count."""
+    torch = torch_module()
+    count = torch.cuda.device_count()
+    if count == 0:
+        return CudaStatus(False, "no NVIDIA driver or GPU was found", **common)
+    placeholders = tuple(
+        DeviceInfo(index=i, name="unknown (NVML unavailable)", total_memory=0, capability=(0, 0))
+        for i in range(count)
+    )
+    return CudaStatus(True, "", devices=placeholders, **common)
+
+
+_STATUS: CudaStatus | None = None
+
+
+_STATUS_KEY: str | None = None
+
+
+def status() -> CudaStatus:
+    """Whether CUDA is usable here, the versions, and the visible devices.
+
+    Creates no CUDA context and does not import torch. Cached until
+    ``CUDA_VISIBLE_DEVICES`` changes or :func:`reset_status_cache` is called.
+    """
+    global _STATUS, _STATUS_KEY
+    key = os.environ.get("CUDA_VISIBLE_DEVICES", "\0unset")
+    if _STATUS is None or key != _STATUS_KEY:
+        _STATUS, _STATUS_KEY = _status_now(), key
+    return _STATUS
+
+
+def reset_status_cache() -> None:
+    """Forget the cached :func:`status` (tests and ``--cuda-devices`` use it)."""
+    global _STATUS, _STATUS_KEY
+    _STATUS, _STATUS_KEY = None, None
+
+
+def devices() -> tuple[DeviceInfo, ...]:
+    """The visible devices (empty without CUDA); no context is created."""
+    return status().devices
+
+
+def device_count() -> int:
+    """How many devices this process may use; no context is created."""
+    return len(status().devices)
+
+
+def require() -> CudaStatus:
+    """The status when CUDA is usable, else :class:`CudaUnavailable` with the reason."""
+    current = status()
+    if not current.available:
+        raise CudaUnavailable(current.reason)
+    return current
+
+
+def is_initialized() -> bool:
+    """Whether torch has created its CUDA context in this process.
+
+    Never imports torch: if torch is not imported yet, no context can exist.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "cuda"):
+        return False
+    return bool(torch.cuda.is_initialized())
+
+
+def torch_module() -> ModuleType:
+    """``import torch``, at the moment CUDA work is asked for."""
+    import torch
+
+    return torch
+
+
+def _nvml_handle(device: DeviceInfo) -> Any:
+    nvml = _require_nvml()
+    if device.uuid:
+        return nvml.nvmlDeviceGetHandleByUUID(device.uuid.encode())
+    if device.physical_index is None:
+        raise CudaUnavailable(f"cuda:{device.index} has no NVML identity")
+    return nvml.nvmlDeviceGetHandleByIndex(device.physical_index)
+
+
+def nvml_device_memory(device: DeviceInfo) -> tuple[int, int, int]:
+    """``(used, free, total)`` bytes of the whole device, all processes included."""
+    memory = _require_nvml().nvmlDeviceGetMemoryInfo(_nvml_handle(device))
+    return int(memory.used), int(memory.free), int(memory.total)
+
+
+def nvml_process_memory(device: DeviceInfo) -> dict[int, int]:
+    """``{pid: bytes}`` of the compute processes on ``device``, as nvidia-smi shows them.
+
+    Empty where the driver does not report processes (some containers, MIG).
+    """
+    nvml = _require_nvml()
+    handle = _nvml_handle(device)
+    result: dict[int, int] = {}
+    with contextlib.suppress(nvml.NVMLError):
+        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = proc.usedGpuMemory
+            result[int(proc.pid)] = int(used) if used is not None else 0
+    return result
+
+
+def _require_nvml() -> ModuleType:
+    nvml = _nvml()
+    if nvml is None:
+        raise CudaUnavailable("NVML is not available (no NVIDIA driver library)")
+    return nvml
+
+
+@contextlib.contextmanager
+def visible_devices(value: str | None) -> Iterator[None]:
+    """Set ``CUDA_VISIBLE_DEVICES`` for a block (``None`` unsets it), then put it back."""
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        if value is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = value
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+def nvml_memory_info(device: DeviceInfo) -> tuple[int, int, int, int | None]:
+    """``(total, used, free, driver_reserved)`` bytes of the whole device.
+
+    Uses NVML's v2 memory query where the driver has it (driver 515+): there ``used``
+    excludes the memory the driver reserves for itself, as nvidia-smi shows it, and
+    ``driver_reserved`` is that reservation; otherwise ``None`` (gpustat#141). Raises
+    :class:`CudaUnavailable` when NVML is missing or the query fails.
+    """
+    nvml = _require_nvml()
+    try:
+        handle = _nvml_handle(device)
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            with contextlib.suppress(nvml.NVMLError, TypeError, AttributeError):
+                info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+                return int(info.total), int(info.used), int(info.free), int(info.reserved)
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    except nvml.NVMLError as exc:
+        raise CudaUnavailable(
+            f"NVML could not read the memory of cuda:{device.index}: {exc}"
+        ) from None
+    return int(info.total), int(info.used), int(info.free), None
+
+
+def nvml_processes(device: DeviceInfo) -> list[tuple[int, int | None]]:
+    """``[(pid, bytes)]`` of the compute and graphics processes on ``device``.
+
+    ``bytes`` is ``None`` where the driver does not say (MIG instances, Windows WDDM).
+    Falls back to the v2 process query on drivers without v3 (gpustat#107). Raises
+    :class:`CudaUnavailable` when NVML is missing or the driver refuses the query.
+    """
+    nvml = _require_nvml()
+    found: dict[int, int | None] = {}
+    try:
+        handle = _nvml_handle(device)
+        for kind in ("Compute", "Graphics"):
+            query = getattr(nvml, f"nvmlDeviceGet{kind}RunningProcesses")
+            try:
+                procs = query(handle)
+            except nvml.NVMLError_FunctionNotFound:
+                procs = getattr(nvml, f"nvmlDeviceGet{kind}RunningProcesses_v2")(handle)
+            for proc in procs:
+                used = proc.usedGpuMemory
+                value = int(used) if used is not None and used < 2**63 else None
+                old = found.get(int(proc.pid))
+                found[int(proc.pid)] = value if old is None else max(old, value or 0)
+    except nvml.NVMLError as exc:
+        raise CudaUnavailable(
+            f"NVML could not list the processes on cuda:{device.index}: {exc}"
+        ) from None
+    return sorted(found.items())
+
+
+def torch_package_dir() -> Path | None:
+    """Where the imported torch lives (to tell its frames from the user's); no import."""
+    module = sys.modules.get("torch")
+    location = getattr(module, "__file__", None)
+    return Path(location).parent if location else None

@@ -1,0 +1,339 @@
+"""The CUDA runtime as the magics use it: synchronizing, events, streams, the spin
+kernel, the L2 flush, CUDA graphs and device properties. These may create a context:
+they run only once the user asked for CUDA work."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from gpumagic.cuda import discovery
+from gpumagic.cuda.discovery import CudaUnavailable, devices, is_initialized, torch_module
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    import torch
+
+
+def _index(device: int | str | torch.device | None) -> int:
+    torch = torch_module()
+    if device is None:
+        return int(torch.cuda.current_device())
+    if isinstance(device, int):
+        return device
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        raise ValueError(f"not a CUDA device: {device!r}")
+    return int(parsed.index) if parsed.index is not None else int(torch.cuda.current_device())
+
+
+def synchronize(devices: Iterable[int | str | torch.device] | int | None = None) -> None:
+    """Wait for all work queued on ``devices`` (default: the current device)."""
+    torch = torch_module()
+    if devices is None or isinstance(devices, int):
+        torch.cuda.synchronize(devices)
+        return
+    for device in devices:
+        torch.cuda.synchronize(_index(device))
+
+
+def new_event(*, timing: bool = True) -> torch.cuda.Event:
+    """A CUDA event; with ``timing`` it can be used with :func:`elapsed_ms`."""
+    event: torch.cuda.Event = torch_module().cuda.Event(enable_timing=timing)
+    return event
+
+
+def elapsed_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    """Milliseconds between two recorded events (synchronizes on ``end``)."""
+    end.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def devices_with_context() -> tuple[int, ...]:
+    """Indices of the devices on which this process has a CUDA context; ``()`` before
+    torch has initialised CUDA. Never creates a context."""
+    if not is_initialized():
+        return ()
+    torch = torch_module()
+    has_context = torch._C._cuda_hasPrimaryContext
+    return tuple(i for i in range(torch.cuda.device_count()) if has_context(i))
+
+
+def visible_device_total() -> int:
+    """How many devices torch sees (``0`` before torch has initialised CUDA)."""
+    if not is_initialized():
+        return 0
+    return int(torch_module().cuda.device_count())
+
+
+def synchronize_each(devices: tuple[int, ...]) -> None:
+    """Wait for all streams of each device in ``devices`` (a device sync per device:
+    ``torch.cuda.synchronize()`` covers the current device only). Only call it once
+    torch has initialised CUDA."""
+    torch = sys.modules["torch"]
+    native = torch._C
+    if len(devices) == 1 and devices[0] == native._cuda_getDevice():
+        native._cuda_synchronize()
+        return
+    for index in devices:
+        with torch.cuda.device(index):
+            native._cuda_synchronize()
+
+
+def stream_is_capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (a synchronize would break
+    the capture). ``False`` without a context (torch's call creates none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch._C._cuda_isCurrentStreamCapturing())
+
+
+def record_timing_event() -> Any:
+    """A new timing event, recorded on the current stream of the current device."""
+    event = torch_module().cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def event_completed(event: Any) -> bool:
+    """Whether the GPU has passed ``event`` (never blocks)."""
+    return bool(event.query())
+
+
+def event_span_ms(start: Any, end: Any) -> float:
+    """Milliseconds between two completed events of one device."""
+    return float(start.elapsed_time(end))
+
+
+#: ``record_function`` label around the L2 flush, so CUPTI figures can leave it out.
+FLUSH_LABEL = "gpumagic.l2_flush"
+
+
+# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's data sheets, matched against the
+# device name in this order (more specific names first).
+_DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.4e12),
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.0e12),
+    ("H100 NVL", 835.0e12),
+    ("H100", 989.4e12),
+    ("H800", 989.4e12),
+    ("B200", 2250.0e12),
+    ("A100", 312.0e12),
+    ("A800", 312.0e12),
+    ("L40S", 362.05e12),
+    ("L4", 121.0e12),
+    ("RTX 4090", 165.2e12),
+)
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """What the timing report needs to know about one device."""
+
+    name: str
+    dram_bytes_per_s: float | None
+    tensor_flops: float | None
+    flops_basis: str
+
+
+def context_devices(also: int | None = None) -> list[int]:
+    """The current device and every device with a CUDA context in this process.
+
+    Work can only have been queued on devices with a context, so these are the ones a
+    timed body can have used. Call it only once CUDA is initialised.
+    """
+    torch = torch_module()
+    found = {int(torch.cuda.current_device())}
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if has_context is not None:
+        found.update(i for i in range(torch.cuda.device_count()) if has_context(i))
+    if also is not None:
+        found.add(also)
+    return sorted(found)
+
+
+def current_device() -> int:
+    """The index of torch's current CUDA device."""
+    return int(torch_module().cuda.current_device())
+
+
+def use_device(index: int) -> contextlib.AbstractContextManager[Any]:
+    """Make ``index`` the current device for a block, then put the old one back."""
+    return cast("contextlib.AbstractContextManager[Any]", torch_module().cuda.device(index))
+
+
+def record_event(device: int) -> torch.cuda.Event:
+    """A timing event recorded now on ``device``'s current stream."""
+    tm = torch_module()
+    event: torch.cuda.Event = tm.cuda.Event(enable_timing=True)
+    event.record(tm.cuda.current_stream(device))
+    return event
+
+
+def current_streams(devices: Iterable[int]) -> list[Any]:
+    """The current stream of each device (to put back with :func:`restore_streams`)."""
+    torch = torch_module()
+    return [torch.cuda.current_stream(d) for d in devices]
+
+
+def restore_streams(streams: Iterable[Any]) -> None:
+    """Make each stream current again on its device."""
+    torch = torch_module()
+    for stream in streams:
+        if torch.cuda.current_stream(stream.device) != stream:
+            torch.cuda.set_stream(stream)
+
+
+@functools.cache
+def _cycles_per_us(device: int) -> float:
+    rate = getattr(torch_module().cuda.get_device_properties(device), "clock_rate", 0)
+    return rate / 1e3 if rate else 2000.0  # clock_rate is in kHz
+
+
+def spin(device: int, microseconds: float) -> None:
+    """Queue a kernel that spins for about ``microseconds`` on ``device``'s current stream.
+
+    Queued ahead of a start event it keeps the GPU busy while the host enqueues the event
+    and the first launches, so the interval starts when the GPU reaches the work, not
+    when the host did (the idle-queue pitfall); NVBench's blocking kernel does the same.
+    """
+    torch = torch_module()
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return
+    with torch.cuda.device(device):
+        sleep(int(microseconds * _cycles_per_us(device)))
+
+
+def device_peaks(device: int) -> DevicePeaks:
+    """Name, L2 size, and the DRAM and dense bf16 peaks of ``device`` where known."""
+    props = torch_module().cuda.get_device_properties(device)
+    name = str(props.name)
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    dram = clock_khz * 1e3 * bus_bits * 2 / 8 if clock_khz and bus_bits else None
+    if dram is None:
+        dram = _nvml_dram_peak(device)
+    flops = next((peak for key, peak in _DENSE_BF16_PEAKS if key in name), None)
+    return DevicePeaks(
+        name=name,
+        dram_bytes_per_s=dram,
+        tensor_flops=flops,
+        flops_basis="dense bf16 tensor-core peak" if flops else "",
+    )
+
+
+def _nvml_dram_peak(device: int) -> float | None:
+    nvml = discovery._nvml()
+    visible = devices()
+    if nvml is None or device >= len(visible):
+        return None
+    try:
+        handle = discovery._nvml_handle(visible[device])
+        clock_mhz = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM)
+        bus_bits = nvml.nvmlDeviceGetMemoryBusWidth(handle)
+    except (nvml.NVMLError, CudaUnavailable, AttributeError):
+        return None
+    return float(clock_mhz) * 1e6 * float(bus_bits) * 2 / 8
+
+
+def l2_flush_buffer(device: int) -> torch.Tensor:
+    """A buffer twice the size of ``device``'s L2 cache (at least 64 MiB) to flush it."""
+    tm = torch_module()
+    l2 = int(getattr(tm.cuda.get_device_properties(device), "L2_cache_size", 0))
+    size = max(2 * l2, 64 << 20)
+    buffer: torch.Tensor = tm.empty(size // 4, dtype=tm.int32, device=device)
+    return buffer
+
+
+def flush_l2(buffer: torch.Tensor) -> None:
+    """Overwrite the flush buffer on the current stream (labelled for CUPTI)."""
+    torch = torch_module()
+    with torch.profiler.record_function(FLUSH_LABEL):
+        buffer.zero_()
+
+
+class GraphCaptureError(RuntimeError):
+    """The body could not be captured in a CUDA graph; the message says why."""
+
+
+def capture_graph(run: Callable[[int], object], iterations: int, device: int) -> Callable[[], None]:
+    """Capture ``run(iterations)`` in a CUDA graph on ``device``; returns its replay.
+
+    Warms up on a side stream first, as torch asks; the garbage collector is off during
+    capture (a finalizer must not free memory the graph is using). An exception raised
+    by ``run`` during the warm-up is the body's own and propagates unchanged; a failure
+    during capture becomes :class:`GraphCaptureError` with the reason.
+    """
+    import gc
+    import warnings
+
+    torch = torch_module()
+    with torch.cuda.device(device):
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            run(2)
+        current.wait_stream(side)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph):
+                    run(iterations)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize(device)
+            _reset_capture_state(device)
+            raise GraphCaptureError(_capture_reason(exc)) from exc
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        if any("empty" in str(w.message).lower() for w in caught):
+            raise GraphCaptureError(
+                "the body launched no GPU work while it was captured (CPU tensors?), "
+                "so replaying the graph would time nothing"
+            )
+        graph.replay()
+        torch.cuda.synchronize(device)
+    replay: Callable[[], None] = graph.replay
+    return replay
+
+
+def _reset_capture_state(device: int) -> None:
+    """Undo what a failed capture leaves behind.
+
+    When ending a capture fails, torch's ``CUDAGraph::capture_end`` throws before its
+    generators' capture epilogue runs, so the CUDA RNG stays in capture mode and every
+    later random op fails ("Offset increment outside graph capture encountered
+    unexpectedly"). A trivial capture that succeeds runs the epilogue and puts it back.
+    """
+    torch = torch_module()
+    scratch = torch.cuda.CUDAGraph()
+    with contextlib.suppress(Exception), torch.cuda.graph(scratch):
+        torch.ones(1, device=device)
+    del scratch
+
+
+def _capture_reason(exc: BaseException) -> str:
+    chain = [exc]
+    while chain[-1].__context__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__context__)
+    texts = " ".join(str(e) for e in chain)
+    root = chain[-1]
+    first = (str(root).strip().splitlines() or [""])[0]
+    if "capturing" in texts or "StreamCapture" in texts or "capture" in first.lower():
+        return (
+            f"the body synchronizes with the host or leaves the GPU during capture ({first}); "
+            "CUDA graphs cannot hold that: look for .item(), .cpu(), printing a CUDA "
+            "tensor, nonzero() or data-dependent shapes (--sync-check names them)"
+        )
+    return f"{type(root).__name__}: {first}"
