@@ -18,7 +18,7 @@ from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from gpumagic import cuda, memory
+from gpumagic import cuda, memory, memory_text
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
 if TYPE_CHECKING:
@@ -379,7 +379,7 @@ class GpuMemMagics(Magics):
         self._remember(meter.resets)
         if self._cell_magic_ran:
             return  # a %%gpumem in this cell already reported (and may have reset peaks)
-        display({"text/plain": memory.format_watch_line(report)}, raw=True)
+        display({"text/plain": memory_text.format_watch_line(report)}, raw=True)
 
 
 def _source(filename: str, line: int) -> str:

@@ -13,7 +13,7 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumagic import memory
+from gpumagic import memory, memory_text
 from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
@@ -105,18 +105,18 @@ def report_html(report: memory.MemoryReport) -> str:
     if report.unavailable:
         return f"<div style='{_BOX}'>gpumem: {_e(report.unavailable)}</div>"
     parts = [f"<div style='{_BOX}'>", f"<div>gpumem: {_e(report.summary)}</div>"]
-    parts.extend(f"<div>released: {_e(t)}</div>" for t in memory.released_texts(report))
+    parts.extend(f"<div>released: {_e(t)}</div>" for t in memory_text.released_texts(report))
     for state in report.devices:
         heading = f"{state.label} {state.name}" + (
             f" · {format_bytes(state.total)}" if state.total else ""
         )
         parts.append(f"<div style='font-weight:600;margin-top:6px'>{_e(heading)}</div>")
         parts.append(_bar(state))
-        parts.append(_table(memory.device_rows(state), numeric=(1,)))
-        parts.append(_notes(memory.device_notes(state)))
-    parts.append(_notes([memory.reset_note(r) for r in report.peak_resets]))
+        parts.append(_table(memory_text.device_rows(state), numeric=(1,)))
+        parts.append(_notes(memory_text.device_notes(state)))
+    parts.append(_notes([memory_text.reset_note(r) for r in report.peak_resets]))
     if report.scan is not None:
-        rows = memory.holder_rows(report)
+        rows = memory_text.holder_rows(report)
         parts.append(
             "<div style='font-weight:600;margin-top:6px'>Largest live CUDA tensors reachable "
             f"from your names ({len(rows)} of {len(report.scan.holders)} storages)</div>"
@@ -127,7 +127,7 @@ def report_html(report: memory.MemoryReport) -> str:
             )
         else:
             parts.append("<div>(no live CUDA tensor is reachable from a name)</div>")
-        parts.extend(f"<div>{_e(t)}</div>" for t in memory.holder_summary(report))
+        parts.extend(f"<div>{_e(t)}</div>" for t in memory_text.holder_summary(report))
     parts.append(_notes(report.notes))
     parts.append("</div>")
     return "".join(parts)
@@ -143,18 +143,18 @@ def cell_report_html(report: memory.CellMemoryReport) -> str:
             f"<div style='font-weight:600'>%%gpumem {_e(report.label)} · "
             f"{_e(change.label)} {_e(change.name)}</div>"
         )
-        parts.append(_table(memory.change_rows(change), numeric=(1,)))
+        parts.append(_table(memory_text.change_rows(change), numeric=(1,)))
     if report.trace is not None:
         parts.append(
             "<div style='font-weight:600;margin-top:6px'>Still allocated at the end of the "
             "cell, by the line that allocated it</div>"
         )
-        rows = memory.trace_rows(report.trace)
+        rows = memory_text.trace_rows(report.trace)
         if rows:
             parts.append(_table(rows, numeric=(0, 1), header=("size", "blocks", "line")))
         else:
             parts.append("<div>(nothing allocated in this cell is still alive)</div>")
-    parts.append(_notes(memory.cell_notes(report)))
+    parts.append(_notes(memory_text.cell_notes(report)))
     parts.append("</div>")
     return "".join(parts)
 
@@ -180,7 +180,7 @@ def _device_dict(state: memory.DeviceMemory) -> dict[str, Any]:
         "device_used": state.device_used,
         "device_free": state.device_free,
         "driver_reserved": state.driver_reserved,
-        "notes": memory.device_notes(state),
+        "notes": memory_text.device_notes(state),
     }
 
 
@@ -232,7 +232,7 @@ class GpuMemResult:
 
     def text(self) -> str:
         """Aligned text, as shown in a terminal."""
-        return memory.format_report(self.report)
+        return memory_text.format_report(self.report)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's RepresentationPrinter
         p.text(self.text())
@@ -293,12 +293,12 @@ class CellMemResult:
                 }
                 for t in report.trace
             ],
-            "notes": memory.cell_notes(report),
+            "notes": memory_text.cell_notes(report),
         }
 
     def text(self) -> str:
         """Aligned text, as shown in a terminal."""
-        return memory.format_cell_report(self.report)
+        return memory_text.format_cell_report(self.report)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's RepresentationPrinter
         p.text(self.text())

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import pytest
 from memory_fake import FakeGpu, GiB, MiB
 
-from gpumagic import cuda, memory
+from gpumagic import cuda, memory, memory_text
 from gpumagic.devices import DeviceInfo
 from gpumagic.memory import Counters
 from gpumagic.memory_result import CellMemResult, GpuMemResult
@@ -219,7 +219,7 @@ def test_cell_meter_resets_only_when_an_earlier_peak_would_hide_the_cells(
     assert (change.peak, change.peak_above_start) == (256 * MiB, 256 * MiB)
     assert change.reset == memory.PeakReset(0, "In[2]", GiB)
     assert meter.resets == (change.reset,)
-    text = memory.format_cell_report(report)
+    text = memory_text.format_cell_report(report)
     assert "reset before the cell (they held 1.0 GiB from earlier)" in text
     assert "--keep-peak leaves them alone" in text
 
@@ -233,7 +233,7 @@ def test_keep_peak_never_resets_and_reports_a_bound(monkeypatch: pytest.MonkeyPa
     change = meter.finish().changes[0]
     assert gpu.resets == []
     assert (change.peak, change.peak_upper) == (None, GiB)
-    assert "≤ 1.0 GiB" in memory.format_cell_report(meter.finish())
+    assert "≤ 1.0 GiB" in memory_text.format_cell_report(meter.finish())
 
 
 def test_cell_meter_reports_reserved_growth_and_process_change(
@@ -249,7 +249,7 @@ def test_cell_meter_reports_reserved_growth_and_process_change(
     change = report.shown[0]
     assert change.allocated_delta == change.reserved_delta == 256 * MiB
     assert change.process_delta == 256 * MiB + gpu.context
-    text = memory.format_cell_report(report)
+    text = memory_text.format_cell_report(report)
     assert "%%gpumem In[4] · cuda:1 Fake H200 1" in text
     assert "+256.0 MiB" in text
     assert "this cell initialised CUDA" in text
@@ -260,7 +260,7 @@ def test_watch_line(monkeypatch: pytest.MonkeyPatch) -> None:
     meter = memory.CellMeter(gpu.devices, "In[5]")
     meter.start()
     gpu.alloc(256 * MiB)
-    line = memory.format_watch_line(meter.finish())
+    line = memory_text.format_watch_line(meter.finish())
     assert line == (
         "gpumem In[5]: cuda:0 allocated +256.0 MiB → 256.0 MiB, peak 256.0 MiB (+256.0 MiB), "
         "reserved 256.0 MiB (+256.0 MiB)"
@@ -268,7 +268,7 @@ def test_watch_line(monkeypatch: pytest.MonkeyPatch) -> None:
     idle = FakeGpu(monkeypatch, initialized=False)
     meter = memory.CellMeter(idle.devices, "In[6]")
     meter.start()
-    assert memory.format_watch_line(meter.finish()) == (
+    assert memory_text.format_watch_line(meter.finish()) == (
         "gpumem In[6]: no CUDA memory in use by torch"
     )
 
@@ -374,7 +374,7 @@ def test_trace_text_lists_lines_and_totals() -> None:
         ),
     )
     report = memory.CellMemoryReport(label="In[7]", trace=lines)
-    text = memory.format_cell_report(report)
+    text = memory_text.format_cell_report(report)
     assert "Still allocated at the end of the cell, by the line that allocated it:" in text
     assert "  64.0 MiB       1  In[7] line 2: x = torch.empty(n)" in text
     assert "net.py:42 (forward): h = self.fc(x)  [via In[7] line 3]" in text
@@ -422,7 +422,7 @@ def test_the_ladder_adds_up_to_what_nvidia_smi_shows(monkeypatch: pytest.MonkeyP
     assert state.others_used == GiB
     assert state.unattributed == gpu.unlisted
     assert state.device_used == state.this_process + state.others_used + state.unattributed  # type: ignore[operator]
-    text = memory.format_report(memory.MemoryReport(summary="s", devices=(state,)))
+    text = memory_text.format_report(memory.MemoryReport(summary="s", devices=(state,)))
     pid = os.getpid()
     for expected in (
         "cuda:0 Fake H200 0 · 140.0 GiB",
@@ -444,7 +444,7 @@ def test_before_cuda_is_initialised_only_nvml_figures_are_shown(
     state = memory.read_devices(gpu.devices)[0]
     assert state.allocated is None
     assert state.this_process is None
-    text = memory.format_report(memory.MemoryReport(summary="s", devices=(state,)))
+    text = memory_text.format_report(memory.MemoryReport(summary="s", devices=(state,)))
     assert "allocated by tensors" not in text
     assert "CUDA not initialised here: no context, nothing held" in text
     assert "torch has not initialised CUDA in this process" in text
@@ -456,7 +456,7 @@ def test_without_nvml_torch_figures_come_with_a_note(monkeypatch: pytest.MonkeyP
     gpu.alloc(GiB)
     state = memory.read_devices(gpu.devices)[0]
     assert (state.allocated, state.processes, state.device_used) == (GiB, None, None)
-    text = memory.format_report(memory.MemoryReport(summary="s", devices=(state,)))
+    text = memory_text.format_report(memory.MemoryReport(summary="s", devices=(state,)))
     assert "allocated by tensors" in text
     assert "this process" not in text.split("note:")[0]
     assert "note: NVML is not available (no NVIDIA driver library): no device-wide" in text
@@ -466,7 +466,7 @@ def test_mig_and_container_pids_are_explained(monkeypatch: pytest.MonkeyPatch) -
     gpu = FakeGpu(monkeypatch, others={0: [(7, None)]})
     gpu.list_self = False
     gpu.alloc(MiB)
-    text = memory.format_report(
+    text = memory_text.format_report(
         memory.MemoryReport(summary="s", devices=memory.read_devices(gpu.devices[:1]))
     )
     assert "does not report per-process memory here (MIG or WDDM)" in text
@@ -498,7 +498,7 @@ def test_gc_and_empty_cache_report_what_they_released(monkeypatch: pytest.Monkey
     assert report.gc_objects is not None
     assert report.gc_objects >= 1
     assert gpu.empty_cache_calls == 1
-    text = memory.format_report(report)
+    text = memory_text.format_report(report)
     assert "released: cuda:0: gc freed 300.0 MiB of tensors (kept in torch's cache); " in text
     assert "empty_cache() returned 300.0 MiB to the driver" in text
 
@@ -510,8 +510,9 @@ def test_empty_cache_before_cuda_is_initialised_does_nothing(
     report = memory.read_report(gpu.devices, summary="s", empty_cache=True)
     assert gpu.empty_cache_calls == 0
     assert not gpu.initialized
-    assert "--empty-cache: nothing to release, CUDA is not initialised" in memory.format_report(
-        report
+    assert (
+        "--empty-cache: nothing to release, CUDA is not initialised"
+        in memory_text.format_report(report)
     )
 
 
@@ -529,7 +530,7 @@ def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.Mo
     assert report.scan is not None
     assert [h.names for h in report.scan.holders] == [("x",)]
     assert report.unreachable == ((0, 1000),)
-    text = memory.format_report(report)
+    text = memory_text.format_report(report)
     assert "Largest live CUDA tensors reachable from your names (1 of 1 storages):" in text
     assert (
         "   size  name  shape   dtype    device\n  400 B  x     (100,)  float32  cuda:0\n" in text
@@ -568,5 +569,5 @@ def test_results_serialise_and_render_self_contained_html(monkeypatch: pytest.Mo
 
 def test_unavailable_reports_are_one_line() -> None:
     report = memory.MemoryReport(summary="", unavailable="no CUDA here: a CPU-only build")
-    assert memory.format_report(report) == "gpumem: no CUDA here: a CPU-only build"
+    assert memory_text.format_report(report) == "gpumem: no CUDA here: a CPU-only build"
     assert GpuMemResult(report).to_dict()["unavailable"] == "no CUDA here: a CPU-only build"
