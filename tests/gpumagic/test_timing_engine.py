@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from fake_clock import FakeClock
 
 from gpumagic import cuda, timing
 from gpumagic.cuda import runtime
@@ -73,27 +74,6 @@ def test_parse_amount_sizes_and_errors() -> None:
 
 
 # -- on the host (no GPU here, or --device cpu) -----------------------------------------
-class FakeClock:
-    """A host clock that advances only when told to: timing logic without load noise."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def body(self, seconds: float) -> Callable[[], None]:
-        """A body that takes exactly ``seconds`` on this clock."""
-
-        def run() -> None:
-            self.advance(seconds)
-
-        return run
-
-
 def test_host_timing_reports_like_timeit(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
     monkeypatch.setattr(timing, "time", clock)

@@ -10,9 +10,10 @@ import re
 from typing import TYPE_CHECKING
 
 import pytest
+from fake_clock import FakeClock
 from IPython.core.error import UsageError
 
-from gpumagic import cuda
+from gpumagic import cuda, timing
 from gpumagic.timing_result import CudaTimeResult
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def test_device_cpu_times_on_the_host(shell: InteractiveShell) -> None:
 def test_cell_magic_runs_setup_once_and_keeps_its_names(shell: InteractiveShell) -> None:
     run(shell, "calls = []")
     setup = "calls.append('setup'); data = list(range(10))"
-    cell = f"%%cudatime -q -v r {FAST} {setup}\ncalls.append(sum(data))"
+    cell = f"%%cudatime -q -v r -n 5 -r 3 {setup}\ncalls.append(sum(data))"
     assert run(shell, cell).success
     calls = shell.user_ns["calls"]
     assert calls.count("setup") == 1
@@ -228,9 +229,12 @@ def test_html_output_in_a_notebook_frontend(shell: InteractiveShell) -> None:
     assert "<table" not in data["text/plain"]
 
 
-def test_compare_from_the_package(shell: InteractiveShell) -> None:
-    run(shell, f"a = %cudatime -q -o {FAST} sum(range(10))")
-    run(shell, f"b = %cudatime -q -o {FAST} sum(range(1000))")
+def test_compare_from_the_package(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()  # exact times, so a loaded machine cannot blur the two apart
+    monkeypatch.setattr(timing, "time", clock)
+    shell.user_ns.update(fast=clock.body(1e-6), slow=clock.body(100e-6))
+    run(shell, f"a = %cudatime -q -o {FAST} --device cpu fast()")
+    run(shell, f"b = %cudatime -q -o {FAST} --device cpu slow()")
     assert run(shell, "import gpumagic\ntable = gpumagic.compare(a, b)").success
     table = shell.user_ns["table"]
     assert table.rows[0].status == "baseline"
