@@ -305,7 +305,6 @@ class LeakChecker:
                 (step, tuple((d, b) for d, b in sorted(freed.items()) if b > 0))
                 for step, freed in result.kept_by_libraries()
             ),
-            summary=result.summary(subject, self.root) if result.leaked else "",
             details=result.details(subject, self.root) if result.leaked else "",
             top=result.top_frame(self.root),
             failed_by_leak=check.raised,

@@ -33,7 +33,6 @@ class LeakReport:
     mode: str  # "fail" or "warn"
     leaked: Amounts
     kept: tuple[tuple[str, Amounts], ...]  # (settle step, what it released)
-    summary: str = ""
     details: str = ""
     top: str | None = None  # the user's line that allocated the most of the leak
     failed_by_leak: bool = False
@@ -43,7 +42,6 @@ class LeakReport:
             "mode": self.mode,
             "leaked": [list(pair) for pair in self.leaked],
             "kept": [[step, [list(pair) for pair in freed]] for step, freed in self.kept],
-            "summary": self.summary,
             "details": self.details,
             "top": self.top,
             "failed_by_leak": self.failed_by_leak,
@@ -58,7 +56,6 @@ class LeakReport:
                 (str(step), tuple((int(d), int(b)) for d, b in freed))
                 for step, freed in data["kept"]
             ),
-            summary=str(data.get("summary", "")),
             details=str(data.get("details", "")),
             top=data.get("top"),
             failed_by_leak=bool(data.get("failed_by_leak", False)),
