@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import linecache
 import os
-import sys
-import sysconfig
 from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
@@ -18,8 +16,9 @@ from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from gpumagic import cuda, memory, memory_text
+from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text
 from gpumagic.memory_result import CellMemResult, GpuMemResult
+from gpumagic.stacks import FrameFilter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,26 +44,6 @@ def _show(result: GpuMemResult | CellMemResult) -> None:
     display({"text/plain": result.text(), "text/html": result._repr_html_()}, raw=True)
 
 
-def _library_check() -> Callable[[str], bool]:
-    """Whether a frame's file is library code (torch, IPython, gpumagic, the standard
-    library) rather than the user's: allocations are charged to the user's line."""
-    torch_dir = cuda.torch_package_dir()
-    dirs = [str(torch_dir) if torch_dir else "", os.path.dirname(memory.__file__)]
-    for name in ("IPython", "ipykernel"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(str(module.__file__)))
-    prefixes = tuple(d.rstrip(os.sep) + os.sep for d in dirs if d)
-    stdlib = sysconfig.get_paths()["stdlib"].rstrip(os.sep) + os.sep
-
-    def is_library(filename: str) -> bool:
-        if filename.startswith(("<frozen", *prefixes)):
-            return True
-        return filename.startswith(stdlib) and "-packages" + os.sep not in filename
-
-    return is_library
-
-
 @magics_class
 class GpuMemMagics(Magics):
     """``%gpumem`` and ``%%gpumem``."""
@@ -73,7 +52,7 @@ class GpuMemMagics(Magics):
         super().__init__(shell)
         self._peak_resets: dict[int, memory.PeakReset] = {}
         self._watch: tuple[tuple[DeviceInfo, ...], bool] | None = None
-        self._meters: list[memory.CellMeter | None] = []
+        self._meters: list[memory_cell.CellMeter | None] = []
         self._inside_cell_magic = 0
         self._cell_magic_ran = False
 
@@ -190,7 +169,7 @@ class GpuMemMagics(Magics):
         else:
             devices = self._devices(status, args.device)
             roots = (
-                memory.namespace_roots(self._shell.user_ns, self._shell.user_ns_hidden)
+                memory_holders.namespace_roots(self._shell.user_ns, self._shell.user_ns_hidden)
                 if args.top
                 else []
             )
@@ -259,11 +238,13 @@ class GpuMemMagics(Magics):
         if not status.available:
             self._run(cell)
             result = CellMemResult(
-                memory.CellMemoryReport(label=label, unavailable=_no_cuda(status))
+                memory_cell.CellMemoryReport(label=label, unavailable=_no_cuda(status))
             )
         else:
             devices = self._devices(status, args.device)
-            meter = memory.CellMeter(devices, label, keep_peak=args.keep_peak, trace=args.trace)
+            meter = memory_cell.CellMeter(
+                devices, label, keep_peak=args.keep_peak, trace=args.trace
+            )
             files_before = set(linecache.cache) if args.trace else set()
             meter.start()
             try:
@@ -280,7 +261,7 @@ class GpuMemMagics(Magics):
 
                 report = meter.finish(
                     cell_files=cell_files,
-                    is_library=_library_check(),
+                    is_user=FrameFilter.default().is_user,
                     where=where,
                     source=_source,
                 )
@@ -365,7 +346,7 @@ class GpuMemMagics(Magics):
             self._meters.append(None)
             return
         devices, keep_peak = self._watch
-        meter = memory.CellMeter(devices, "this cell", keep_peak=keep_peak)
+        meter = memory_cell.CellMeter(devices, "this cell", keep_peak=keep_peak)
         meter.start()
         self._cell_magic_ran = False
         self._meters.append(meter)

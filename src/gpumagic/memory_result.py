@@ -13,7 +13,7 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumagic import memory, memory_text
+from gpumagic import memory, memory_cell, memory_text
 from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def report_html(report: memory.MemoryReport) -> str:
     return "".join(parts)
 
 
-def cell_report_html(report: memory.CellMemoryReport) -> str:
+def cell_report_html(report: memory_cell.CellMemoryReport) -> str:
     """``%%gpumem`` as HTML."""
     if report.unavailable:
         return f"<div style='{_BOX}'>gpumem: {_e(report.unavailable)}</div>"
@@ -249,7 +249,7 @@ class CellMemResult:
     """What ``%%gpumem -o`` returns: the cell's change per device (allocated, exact
     peak, reserved, this process), and with ``--trace`` the lines behind what is left."""
 
-    report: memory.CellMemoryReport
+    report: memory_cell.CellMemoryReport
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (bytes as ints; ``None`` where a figure is unknown here)."""

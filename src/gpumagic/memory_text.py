@@ -13,14 +13,9 @@ from gpumagic.units import format_bytes
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from gpumagic.memory import (
-        CellDeviceChange,
-        CellMemoryReport,
-        DeviceMemory,
-        MemoryReport,
-        PeakReset,
-        TraceLine,
-    )
+    from gpumagic.memory import DeviceMemory, MemoryReport, PeakReset
+    from gpumagic.memory_cell import CellDeviceChange, CellMemoryReport
+    from gpumagic.stacks import TraceLine
 
 
 __all__ = [

@@ -25,14 +25,20 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import sysconfig
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpumagic import cuda
+from gpumagic.stacks import (
+    FrameFilter,
+    StackGroup,
+    blocks_allocated_since,
+    group_by_stack,
+    short_path,
+)
 from gpumagic.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -40,22 +46,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODES",
-    "Block",
     "CudaLeakError",
     "CudaLeakWarning",
     "CudaMemory",
-    "Frame",
-    "FrameFilter",
     "LeakResult",
     "MemorySource",
     "NoCudaLeak",
     "Release",
     "SettleStep",
-    "StackGroup",
     "StackRecording",
-    "blocks_allocated_since",
-    "blocks_from_segments",
-    "group_by_stack",
     "growth",
     "no_cuda_leak",
     "parse_leak_settings",
@@ -70,9 +69,8 @@ MODES: tuple[Mode, ...] = ("fail", "warn", "off")
 #: allocation's stack: about 1 KiB of host memory). The ring says when each live block
 #: was allocated; a check whose code makes more events than this falls back to stacks.
 HISTORY_MAX_ENTRIES = 20_000
-#: At most this many stacks, and this many frames per stack, in a report.
+#: At most this many stacks in a report (frames per stack: :data:`gpumagic.stacks.MAX_FRAMES`).
 MAX_STACKS = 8
-MAX_FRAMES = 8
 
 Readings = Mapping[int, int]
 
@@ -344,207 +342,6 @@ class CudaMemory:
 # Allocation stacks.
 
 
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame of an allocating stack."""
-
-    filename: str
-    line: int
-    name: str
-
-    def describe(self, root: str | None = None) -> str:
-        return f"{_short_path(self.filename, root)}:{self.line} in {self.name}"
-
-
-def _short_path(filename: str, root: str | None) -> str:
-    if root and not filename.startswith("<"):
-        try:
-            relative = os.path.relpath(filename, root)
-        except ValueError:  # another drive on Windows
-            return filename
-        if not relative.startswith(os.pardir):
-            return relative
-    return filename
-
-
-@dataclass(frozen=True)
-class Block:
-    """A live allocator block: where, how big (``requested``: what the tensor asked for,
-    before rounding), and its allocating stack, innermost frame first."""
-
-    device: int
-    address: int
-    size: int
-    requested: int
-    frames: tuple[Frame, ...] = ()
-
-
-def blocks_from_segments(segments: Iterable[Mapping[str, Any]]) -> list[Block]:
-    """The allocated blocks of a ``torch.cuda.memory._snapshot()``'s ``segments``."""
-    found = []
-    for segment in segments:
-        device = int(segment.get("device", 0))
-        for block in segment.get("blocks", ()):
-            if block.get("state") != "active_allocated":
-                continue
-            frames = tuple(
-                Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
-                for f in block.get("frames") or ()
-            )
-            size = int(block.get("size", 0))
-            found.append(
-                Block(
-                    device,
-                    int(block.get("address", 0)),
-                    size,
-                    int(block.get("requested_size", size)),
-                    frames,
-                )
-            )
-    return found
-
-
-def blocks_allocated_since(
-    snapshot: Mapping[str, Any], start_us: int, outermost: tuple[str, str] | None = None
-) -> list[Block]:
-    """The live blocks of a ``torch.cuda.memory._snapshot()`` allocated at or after
-    ``start_us`` (microseconds since the epoch, the clock of the snapshot's events).
-
-    Each device's ring of allocator events says when a live block was allocated (its
-    last ``alloc`` event at that address). A block without one is older than the ring,
-    unless the ring lost events after ``start_us`` (it wrapped, or the recording keeps
-    no events): then its stack decides, and it counts as new when the stack passes
-    through ``outermost`` (``(filename, function)`` of the test function).
-    """
-    allocated: dict[tuple[int, int], int] = {}
-    complete: dict[int, bool] = {}
-    for device, events in enumerate(snapshot.get("device_traces") or ()):
-        times = [int(e.get("time_us", 0)) for e in events]
-        complete[device] = bool(times) and min(times) <= start_us
-        for event, time_us in zip(events, times, strict=True):
-            if event.get("action") == "alloc":
-                key = (device, int(event.get("addr", -1)))
-                allocated[key] = max(time_us, allocated.get(key, time_us))
-    found = []
-    for block in blocks_from_segments(snapshot.get("segments") or ()):
-        when = allocated.get((block.device, block.address))
-        if when is not None:
-            if when >= start_us:
-                found.append(block)
-        elif not complete.get(block.device, False) and _passes_through(block.frames, outermost):
-            found.append(block)
-    return found
-
-
-def _passes_through(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> bool:
-    return outermost is not None and any(_is_frame(f, outermost) for f in frames)
-
-
-def _is_frame(frame: Frame, where: tuple[str, str]) -> bool:
-    filename, name = where
-    return frame.name == name and _as_dir(frame.filename) == _as_dir(filename)
-
-
-@dataclass(frozen=True)
-class StackGroup:
-    """Live blocks that share an allocating stack (user frames, innermost first)."""
-
-    frames: tuple[Frame, ...]
-    size: int
-    requested: int
-    blocks: int
-    devices: tuple[int, ...]
-
-    def describe(self) -> str:
-        where = ", ".join(f"cuda:{d}" for d in self.devices)
-        count = f"{self.blocks} block" + ("s" if self.blocks != 1 else "")
-        text = f"{format_bytes(self.size)} in {count} on {where}"
-        if self.requested != self.size:
-            text += f" ({format_bytes(self.requested)} requested)"
-        return text
-
-
-class FrameFilter:
-    """Tells the user's frames from library frames (torch, the standard library, pytest,
-    pluggy, pytest_cuda and gpumagic, and C++ frames); Python code in site-packages
-    other than those counts as the user's."""
-
-    def __init__(self, library_dirs: Iterable[str], stdlib_dirs: Iterable[str] = ()) -> None:
-        self._library = tuple(_as_dir(d) for d in library_dirs if d)
-        self._stdlib = tuple(_as_dir(d) for d in stdlib_dirs if d)
-
-    @classmethod
-    def default(cls) -> FrameFilter:
-        library = []
-        for name in ("torch", "pytest", "_pytest", "pluggy", "xdist", "pytest_cuda", "gpumagic"):
-            module = sys.modules.get(name)
-            path = getattr(module, "__file__", None)
-            if path:
-                library.append(os.path.dirname(path))
-        paths = sysconfig.get_paths()
-        return cls(library, {paths["stdlib"], paths["platstdlib"]})
-
-    def is_user(self, filename: str) -> bool:
-        if filename.startswith(("<frozen", "<eval_with_key")):
-            return False
-        if not filename.startswith("<") and not filename.endswith((".py", ".pyw")):
-            return False  # a C++ frame (recording with stacks="all"): torch's or a library's
-        path = _as_dir(filename)
-        if path.startswith(self._library):
-            return False
-        if path.startswith(self._stdlib):
-            parts = path.split(os.sep)
-            return "site-packages" in parts or "dist-packages" in parts
-        return True
-
-
-def _cut(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> tuple[Frame, ...]:
-    if outermost is None:
-        return frames
-    for i, frame in enumerate(frames):
-        if _is_frame(frame, outermost):
-            return frames[: i + 1]
-    return frames
-
-
-def _as_dir(path: str) -> str:
-    if path.startswith("<"):
-        return path
-    return os.path.normcase(os.path.abspath(path)).rstrip(os.sep) + os.sep
-
-
-def group_by_stack(
-    blocks: Iterable[Block],
-    is_user: Callable[[str], bool],
-    max_frames: int = MAX_FRAMES,
-    outermost: tuple[str, str] | None = None,
-) -> tuple[StackGroup, ...]:
-    """Group ``blocks`` by the user frames of their stacks, largest total first.
-
-    ``outermost``: ``(filename, function)`` of the frame where a stack stops being
-    interesting (the test function): the frames that called it are dropped. A stack with
-    no user frame (allocated inside a library's own thread) keeps its three innermost
-    frames, so the report still says something.
-    """
-    groups: dict[tuple[Frame, ...], list[Block]] = {}
-    for block in blocks:
-        stack = _cut(block.frames, outermost)
-        user = tuple(f for f in stack if is_user(f.filename)) or stack[:3]
-        groups.setdefault(user[:max_frames], []).append(block)
-    result = [
-        StackGroup(
-            frames=frames,
-            size=sum(b.size for b in members),
-            requested=sum(b.requested for b in members),
-            blocks=len(members),
-            devices=tuple(sorted({b.device for b in members})),
-        )
-        for frames, members in groups.items()
-    ]
-    result.sort(key=lambda g: (-g.size, -g.blocks))
-    return tuple(result)
-
-
 class StackRecording:
     """Allocation-stack recording for leak checks: switched on only where it was off,
     switched back off by :meth:`close`; the user's own recording is never touched."""
@@ -616,7 +413,7 @@ class NoCudaLeak:
         caller = sys._getframe(1)
         self._caller = (caller.f_code.co_filename, caller.f_code.co_name)
         self._where = (
-            f"the block at {_short_path(caller.f_code.co_filename, os.getcwd())}:{caller.f_lineno}"
+            f"the block at {short_path(caller.f_code.co_filename, os.getcwd())}:{caller.f_lineno}"
         )
         self.result = None
         if self.mode == "off":

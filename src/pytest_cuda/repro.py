@@ -8,13 +8,12 @@ from __future__ import annotations
 import linecache
 import os
 import shlex
-import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable
     from types import TracebackType
 
 __all__ = [
@@ -81,28 +80,19 @@ class FailureSite:
             return None
 
 
-def library_dirs(extra: Iterable[Path | None] = ()) -> tuple[str, ...]:
-    """Directories whose frames are not the user's: the standard library, pytest,
-    pluggy, and ``extra`` (torch's package, ours)."""
-    import pluggy
-
-    found = [sysconfig.get_paths()["stdlib"], os.path.dirname(pluggy.__file__)]
-    found += [str(Path(p)) for p in extra if p is not None]
-    return tuple(os.path.normcase(os.path.abspath(p)) + os.sep for p in found)
-
-
 def _normalized(path: str | Path) -> str:
     return os.path.normcase(os.path.abspath(path))
 
 
 def failure_site(
     tb: TracebackType | None,
-    skip_dirs: tuple[str, ...],
+    is_user: Callable[[str], bool] = lambda filename: True,
     *,
     relative_to: Path | None = None,
     in_file: Path | None = None,
 ) -> FailureSite | None:
-    """The innermost frame of ``tb`` that is not under one of ``skip_dirs``.
+    """The innermost frame of ``tb`` in the user's code (``is_user``, usually
+    :meth:`gpumagic.stacks.FrameFilter.is_user`).
 
     Frames that hide themselves from pytest (``__tracebackhide__``) are skipped too;
     with ``in_file``, only frames of that file count (the test's own line). The path is
@@ -114,7 +104,7 @@ def failure_site(
         frame = tb.tb_frame
         filename = _normalized(frame.f_code.co_filename)
         hidden = frame.f_locals.get("__tracebackhide__", False) if frame.f_locals else False
-        mine = filename == wanted if wanted is not None else not filename.startswith(skip_dirs)
+        mine = filename == wanted if wanted is not None else is_user(frame.f_code.co_filename)
         if mine and not hidden and "_pytest" + os.sep not in filename:
             found = (frame.f_code.co_filename, tb.tb_lineno, frame.f_code.co_name)
         tb = tb.tb_next

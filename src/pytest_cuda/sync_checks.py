@@ -18,14 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-import gpumagic
-import pytest_cuda
 from gpumagic import cuda
+from gpumagic.stacks import FrameFilter
 from pytest_cuda.continuation import (
     Continuation,
     SkipRemaining,
@@ -54,7 +52,6 @@ from pytest_cuda.repro import (
     FailureSite,
     describe_sync_op,
     failure_site,
-    library_dirs,
     repro_command,
 )
 
@@ -117,18 +114,14 @@ def no_implicit_sync(config: pytest.Config) -> Iterator[None]:
         if cuda.SYNC_WARNING_MESSAGE not in str(error):
             raise
         op = error.op if isinstance(error, cuda.ImplicitSyncError) else None
-        site = failure_site(error.__traceback__, _skip_dirs(), relative_to=config.rootpath)
+        site = failure_site(
+            error.__traceback__, FrameFilter.default().is_user, relative_to=config.rootpath
+        )
         where = f" at {site.describe()}" if site else ""
         pytest.fail(
             f"cuda_no_sync: implicit host-device synchronization: {describe_sync_op(op)}{where}",
             pytrace=False,
         )
-
-
-def _skip_dirs() -> tuple[str, ...]:
-    """Frames that are not the user's: libraries, torch (once imported), ours."""
-    ours = (Path(gpumagic.__file__).parent, Path(pytest_cuda.__file__).parent)
-    return library_dirs((*ours, cuda.torch_package_dir()))
 
 
 # ---------------------------------------------------------------------------
@@ -281,8 +274,8 @@ class PhaseChecks:
             # Where the test's own exception came from: the true line when launches
             # are synchronous (the re-run reads it from here).
             rootpath = item.config.rootpath
-            site = failure_site(excinfo.tb, _skip_dirs(), relative_to=rootpath)
-            test_line = failure_site(excinfo.tb, (), relative_to=rootpath, in_file=item.path)
+            site = failure_site(excinfo.tb, FrameFilter.default().is_user, relative_to=rootpath)
+            test_line = failure_site(excinfo.tb, relative_to=rootpath, in_file=item.path)
             if site is not None:
                 report.cuda_failure_site = site.to_dict()  # type: ignore[attr-defined]
             if test_line is not None and test_line != site:

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gpumagic import cuda, memory, memory_magics
+from gpumagic import cuda, memory, memory_cell, memory_holders, memory_magics
 from gpumagic.devices import CudaStatus, DeviceInfo
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class FakeGpu:
                 "memory_snapshot_segments": self.segments,
             }
         )
-        for module in (memory, memory_magics):
+        for module in (memory, memory_cell, memory_holders, memory_magics):
             monkeypatch.setattr(module, "cuda", self.seam)
 
     # -- allocator -----------------------------------------------------------------

@@ -10,25 +10,30 @@ import collections
 import gc
 import json
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 from memory_fake import FakeGpu, GiB, MiB
 
-from gpumagic import cuda, memory, memory_text
+from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text, stacks
 from gpumagic.devices import DeviceInfo
 from gpumagic.memory import Counters
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 torch = pytest.importorskip("torch")
 
 
-def scan(namespace: dict[str, object], **kwargs: Any) -> memory.HolderScan:
+def scan(namespace: dict[str, object], **kwargs: Any) -> memory_holders.HolderScan:
     """Walk a namespace keeping tensors of every device (CPU tensors stand in for CUDA)."""
-    return memory.find_holders(memory.namespace_roots(namespace), keep=lambda f: True, **kwargs)
+    return memory_holders.find_holders(
+        memory_holders.namespace_roots(namespace), keep=lambda f: True, **kwargs
+    )
 
 
-def names(found: memory.HolderScan) -> list[str]:
+def names(found: memory_holders.HolderScan) -> list[str]:
     return [h.names[0] for h in found.holders]
 
 
@@ -117,15 +122,15 @@ def test_items_of_lists_dicts_tuples_and_namedtuples() -> None:
 def test_real_names_win_over_output_history_and_underscore_names() -> None:
     x = torch.empty(10)
     namespace = {"Out": {3: x}, "_": x, "_3": x, "x": x, "In": ["x"]}
-    roots = memory.namespace_roots(namespace, hidden=["In", "Out"])
+    roots = memory_holders.namespace_roots(namespace, hidden=["In", "Out"])
     assert [r[0] for r in roots] == ["Out", "_", "_3", "x"]
-    found = memory.find_holders(roots, keep=lambda f: True)
+    found = memory_holders.find_holders(roots, keep=lambda f: True)
     (holder,) = found.holders
     assert holder.names == ("x",)  # the output history is not listed next to a real name
     # Once `x` is gone, the output history is what keeps the tensor alive: say so.
     del namespace["x"]
-    roots = memory.namespace_roots(namespace, hidden=["In", "Out"])
-    (holder,) = memory.find_holders(roots, keep=lambda f: True).holders
+    roots = memory_holders.namespace_roots(namespace, hidden=["In", "Out"])
+    (holder,) = memory_holders.find_holders(roots, keep=lambda f: True).holders
     assert holder.names == ("Out[3]", "_", "_3")
 
 
@@ -166,8 +171,8 @@ def test_a_tensor_keyed_dict_whose_key_has_no_name_falls_back() -> None:
 def test_holders_are_sorted_largest_first_and_keep_filters() -> None:
     namespace = {"small": torch.empty(10), "big": torch.empty(1000), "mid": torch.empty(100)}
     assert names(scan(namespace)) == ["big", "mid", "small"]
-    only_big = memory.find_holders(
-        memory.namespace_roots(namespace), keep=lambda f: f.nbytes > 1000
+    only_big = memory_holders.find_holders(
+        memory_holders.namespace_roots(namespace), keep=lambda f: f.nbytes > 1000
     )
     assert names(only_big) == ["big"]
 
@@ -192,14 +197,14 @@ def test_holders_are_sorted_largest_first_and_keep_filters() -> None:
 def test_cell_peak(
     start: Counters, end: Counters, reset: bool, expected: tuple[int | None, int | None]
 ) -> None:
-    assert memory.cell_peak(start, end, reset=reset) == expected
+    assert memory_cell.cell_peak(start, end, reset=reset) == expected
 
 
 def test_cell_meter_resets_only_when_an_earlier_peak_would_hide_the_cells(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     gpu = FakeGpu(monkeypatch)
-    meter = memory.CellMeter(gpu.devices, "In[1]")
+    meter = memory_cell.CellMeter(gpu.devices, "In[1]")
     meter.start()
     block = gpu.alloc(GiB)
     gpu.free(block)
@@ -209,7 +214,7 @@ def test_cell_meter_resets_only_when_an_earlier_peak_would_hide_the_cells(
     assert (change.allocated_delta, change.peak, change.peak_above_start) == (0, GiB, GiB)
     assert change.reset is None
 
-    meter = memory.CellMeter(gpu.devices, "In[2]")
+    meter = memory_cell.CellMeter(gpu.devices, "In[2]")
     meter.start()  # the 1 GiB peak of In[1] is above the 0 B allocated now
     block = gpu.alloc(256 * MiB)
     gpu.free(block)
@@ -227,7 +232,7 @@ def test_cell_meter_resets_only_when_an_earlier_peak_would_hide_the_cells(
 def test_keep_peak_never_resets_and_reports_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu(monkeypatch)
     gpu.free(gpu.alloc(GiB))
-    meter = memory.CellMeter(gpu.devices, "In[3]", keep_peak=True)
+    meter = memory_cell.CellMeter(gpu.devices, "In[3]", keep_peak=True)
     meter.start()
     gpu.free(gpu.alloc(256 * MiB))
     change = meter.finish().changes[0]
@@ -240,7 +245,7 @@ def test_cell_meter_reports_reserved_growth_and_process_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     gpu = FakeGpu(monkeypatch, initialized=False)
-    meter = memory.CellMeter(gpu.devices, "In[4]")
+    meter = memory_cell.CellMeter(gpu.devices, "In[4]")
     meter.start()
     gpu.alloc(256 * MiB, device=1)
     report = meter.finish()
@@ -257,7 +262,7 @@ def test_cell_meter_reports_reserved_growth_and_process_change(
 
 def test_watch_line(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu(monkeypatch)
-    meter = memory.CellMeter(gpu.devices, "In[5]")
+    meter = memory_cell.CellMeter(gpu.devices, "In[5]")
     meter.start()
     gpu.alloc(256 * MiB)
     line = memory_text.format_watch_line(meter.finish())
@@ -266,7 +271,7 @@ def test_watch_line(monkeypatch: pytest.MonkeyPatch) -> None:
         "reserved 256.0 MiB (+256.0 MiB)"
     )
     idle = FakeGpu(monkeypatch, initialized=False)
-    meter = memory.CellMeter(idle.devices, "In[6]")
+    meter = memory_cell.CellMeter(idle.devices, "In[6]")
     meter.start()
     assert memory_text.format_watch_line(meter.finish()) == (
         "gpumem In[6]: no CUDA memory in use by torch"
@@ -294,6 +299,17 @@ def is_library(filename: str) -> bool:
     return filename.startswith("/site/torch/")
 
 
+def group_live_blocks(
+    segments: list[dict[str, Any]],
+    devices: set[int] | None = None,
+    is_library: Callable[[str], bool] = lambda filename: False,
+    **kwargs: Any,
+) -> tuple[stacks.TraceLine, ...]:
+    """The ``%%gpumem --trace`` path: snapshot segments -> blocks -> lines."""
+    blocks = stacks.blocks_from_segments(segments, devices)
+    return stacks.group_by_line(blocks, is_user=lambda f: not is_library(f), **kwargs)
+
+
 def test_live_blocks_are_grouped_by_the_users_line_largest_first() -> None:
     cell = "<ipython-input-7-abc>"
     segments = [
@@ -310,7 +326,7 @@ def test_live_blocks_are_grouped_by_the_users_line_largest_first() -> None:
         },
         {"device": 1, "blocks": [block(4 * MiB, [frame(cell, 6)])]},
     ]
-    lines = memory.group_live_blocks(
+    lines = group_live_blocks(
         segments,
         cell_files=frozenset({cell}),
         is_library=is_library,
@@ -327,7 +343,7 @@ def test_live_blocks_are_grouped_by_the_users_line_largest_first() -> None:
     assert lines[1].function == "forward"
     assert lines[0].via == ""
     assert lines[0].source == "source 2"
-    only_device_1 = memory.group_live_blocks(segments, devices={1}, is_library=is_library)
+    only_device_1 = group_live_blocks(segments, devices={1}, is_library=is_library)
     assert [t.line for t in only_device_1] == [6]
 
 
@@ -342,11 +358,11 @@ def test_with_the_users_own_recording_only_blocks_through_the_cell_count() -> No
             ],
         }
     ]
-    lines = memory.group_live_blocks(
+    lines = group_live_blocks(
         segments, cell_files=frozenset({"<ipython-input-2-new>"}), only_cell=True
     )
     assert [t.nbytes for t in lines] == [2 * MiB]
-    library_only = memory.group_live_blocks(segments, is_library=is_library)
+    library_only = group_live_blocks(segments, is_library=is_library)
     assert "library code only" in [t.where for t in library_only]
 
 
@@ -358,7 +374,7 @@ def test_cpp_frames_of_a_users_stacks_all_recording_are_skipped() -> None:
         frame(TORCH, 10, "cuda"),
         frame(cell, 4),
     ]
-    (line,) = memory.group_live_blocks(
+    (line,) = group_live_blocks(
         [{"device": 0, "blocks": [block(MiB, frames)]}], is_library=is_library
     )
     assert (line.filename, line.line) == (cell, 4)
@@ -366,14 +382,14 @@ def test_cpp_frames_of_a_users_stacks_all_recording_are_skipped() -> None:
 
 def test_trace_text_lists_lines_and_totals() -> None:
     lines = (
-        memory.TraceLine(
+        stacks.TraceLine(
             "In[7] line 2", "c", 2, "<module>", "x = torch.empty(n)", 64 * MiB, 1, (0,)
         ),
-        memory.TraceLine(
+        stacks.TraceLine(
             "net.py:42", "n", 42, "forward", "h = self.fc(x)", MiB, 2, (0,), "In[7] line 3"
         ),
     )
-    report = memory.CellMemoryReport(label="In[7]", trace=lines)
+    report = memory_cell.CellMemoryReport(label="In[7]", trace=lines)
     text = memory_text.format_cell_report(report)
     assert "Still allocated at the end of the cell, by the line that allocated it:" in text
     assert "  64.0 MiB       1  In[7] line 2: x = torch.empty(n)" in text
@@ -525,7 +541,7 @@ def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.Mo
         return None if found is None else found.__class__(**{**found.__dict__, "device": "cuda:0"})
 
     gpu.seam.overrides["tensor_facts"] = facts
-    roots = memory.namespace_roots({"x": torch.empty(100)})
+    roots = memory_holders.namespace_roots({"x": torch.empty(100)})
     report = memory.read_report(gpu.devices, summary="s", top=5, roots=roots)
     assert report.scan is not None
     assert [h.names for h in report.scan.holders] == [("x",)]
@@ -557,7 +573,7 @@ def test_results_serialise_and_render_self_contained_html(monkeypatch: pytest.Mo
     assert "role='img'" in page  # the bar
     assert "allocated by tensors 1.0 GiB" in page  # its legend
 
-    meter = memory.CellMeter(gpu.devices, "In[9]")
+    meter = memory_cell.CellMeter(gpu.devices, "In[9]")
     meter.start()
     gpu.alloc(MiB)
     cell = CellMemResult(meter.finish())

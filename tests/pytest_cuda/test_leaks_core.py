@@ -15,21 +15,23 @@ import leak_fakes
 import pytest
 
 from gpumagic import cuda
-from pytest_cuda import leaks
-from pytest_cuda.leaks import (
+from gpumagic.stacks import (
     Block,
-    CudaLeakError,
-    CudaLeakWarning,
-    CudaMemory,
     Frame,
     FrameFilter,
-    LeakResult,
-    Release,
-    SettleStep,
     StackGroup,
     blocks_allocated_since,
     blocks_from_segments,
     group_by_stack,
+)
+from pytest_cuda import leaks
+from pytest_cuda.leaks import (
+    CudaLeakError,
+    CudaLeakWarning,
+    CudaMemory,
+    LeakResult,
+    Release,
+    SettleStep,
     growth,
     no_cuda_leak,
     parse_leak_settings,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumagic.stacks import FrameFilter
 from pytest_cuda import poison, repro
 
 TORCH_ASSERT = (
@@ -149,7 +150,9 @@ def test_failure_site_is_the_innermost_user_frame(tmp_path: Path) -> None:
             raise RuntimeError("CUDA error: device-side assert triggered")
         """,
     )
-    site = repro.failure_site(error.__traceback__, repro.library_dirs(), relative_to=tmp_path)
+    site = repro.failure_site(
+        error.__traceback__, FrameFilter.default().is_user, relative_to=tmp_path
+    )
     assert site == repro.FailureSite(
         "user_code.py",
         7,
@@ -189,11 +192,11 @@ def test_failure_site_skips_library_and_hidden_frames(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(lib))
         sys.modules.pop("library", None)
-    site = repro.failure_site(error.__traceback__, repro.library_dirs([lib]))
+    site = repro.failure_site(error.__traceback__, FrameFilter.default([str(lib)]).is_user)
     assert site is not None
     assert (Path(site.path).name, site.lineno, site.function) == ("caller.py", 5, "entry")
     assert site.source == "library.hidden()"
-    assert repro.failure_site(None, ()) is None
+    assert repro.failure_site(None) is None
 
 
 def test_failure_site_from_bad_data() -> None:

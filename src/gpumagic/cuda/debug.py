@@ -7,11 +7,11 @@ import contextlib
 import functools
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cuda.discovery import is_initialized, require, torch_module
 from gpumagic.cuda.runtime import FLUSH_LABEL, devices_with_context, synchronize, synchronize_each
+from gpumagic.stacks import FrameFilter
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -178,9 +178,7 @@ def _op_name(func: Any) -> str:
 @functools.cache
 def _sync_mode_class() -> type:
     torch = torch_module()
-    library_dirs = tuple(
-        str(Path(m.__file__).parent) for m in (torch, sys.modules[__name__]) if m.__file__
-    )
+    is_user = FrameFilter.default().is_user
 
     base: Any = torch.overrides.TorchFunctionMode
 
@@ -214,7 +212,7 @@ def _sync_mode_class() -> type:
                 name = frame.f_code.co_filename
                 if name in self.code_files:
                     return name, frame.f_lineno
-                if fallback is None and not name.startswith(library_dirs):
+                if fallback is None and is_user(name):
                     fallback = (name, frame.f_lineno)
                 frame = frame.f_back
             return fallback or ("<unknown>", 0)

@@ -1,0 +1,245 @@
+"""One cell's effect on GPU memory: the core of ``%%gpumem`` and ``%gpumem watch``.
+
+Allocated delta, the exact peak from the allocator's own counter (reset only when the
+user's earlier peak would hide the cell's, and then said so), reserved growth, and with
+``--trace`` the lines that allocated what is still alive after the cell (from the
+allocator's recorded allocation stacks, read through :mod:`gpumagic.stacks`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpumagic import cuda
+from gpumagic.memory import Counters, PeakReset
+from gpumagic.stacks import TraceLine, blocks_from_segments, group_by_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpumagic.devices import DeviceInfo
+
+__all__ = ["CellDeviceChange", "CellMemoryReport", "CellMeter", "cell_peak"]
+
+# Every allocation stack recorded by ``%%gpumem --trace`` costs host memory; the
+# allocator's event ring buffer is kept this small.
+TRACE_MAX_ENTRIES = 10_000
+
+
+def cell_peak(start: Counters, end: Counters, *, reset: bool) -> tuple[int | None, int | None]:
+    """``(peak, upper_bound)`` of allocated memory during a cell.
+
+    The allocator's peak counter is monotone since its last reset. It gives the cell's
+    exact peak when it was reset at the cell's start, when it was not above the
+    allocated memory then, or when the cell set a new high. Otherwise only an upper
+    bound (the user's earlier peak) is known, and ``peak`` is ``None``.
+    """
+    if reset or start.peak_allocated <= start.allocated:
+        return end.peak_allocated, None
+    if end.peak_allocated > start.peak_allocated:
+        return end.peak_allocated, None
+    return None, start.peak_allocated
+
+
+@dataclass(frozen=True)
+class CellDeviceChange:
+    """What one cell did to one device's memory."""
+
+    index: int
+    name: str
+    start: Counters
+    end: Counters
+    peak: int | None
+    peak_upper: int | None = None
+    reset: PeakReset | None = None
+    process_start: int | None = None
+    process_end: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``"cuda:0"``."""
+        return f"cuda:{self.index}"
+
+    @property
+    def allocated_delta(self) -> int:
+        """Change in memory allocated by tensors."""
+        return self.end.allocated - self.start.allocated
+
+    @property
+    def reserved_delta(self) -> int:
+        """Growth of torch's cache (cudaMalloc'd segments)."""
+        return self.end.reserved - self.start.reserved
+
+    @property
+    def peak_above_start(self) -> int | None:
+        """How far the peak rose above the allocated memory at the start."""
+        return None if self.peak is None else max(0, self.peak - self.start.allocated)
+
+    @property
+    def process_delta(self) -> int | None:
+        """Change of this process's memory on the device per NVML."""
+        if self.process_end is None:
+            return None
+        return self.process_end - (self.process_start or 0)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the cell did anything on this device."""
+        return bool(
+            self.allocated_delta
+            or self.reserved_delta
+            or (self.peak_above_start or 0)
+            or (self.process_delta or 0)
+        )
+
+
+@dataclass(frozen=True)
+class CellMemoryReport:
+    """``%%gpumem`` and ``%gpumem watch``: one cell's effect on GPU memory."""
+
+    label: str
+    changes: tuple[CellDeviceChange, ...] = ()
+    trace: tuple[TraceLine, ...] | None = None
+    initialized_by_cell: bool = False
+    notes: tuple[str, ...] = ()
+    unavailable: str | None = None
+
+    @property
+    def shown(self) -> tuple[CellDeviceChange, ...]:
+        """The devices the cell changed (the first device when it changed none)."""
+        changed = tuple(c for c in self.changes if c.changed)
+        return changed or self.changes[:1]
+
+
+@dataclass
+class CellMeter:
+    """Measures one cell: call :meth:`start` before it runs and :meth:`finish` after.
+
+    Peaks come from the allocator's counter. If the user's earlier peak is above the
+    memory allocated at the cell's start it would hide the cell's peak, so the counter
+    is reset then (the report says so and keeps the peak from before) unless
+    ``keep_peak``, which reports an upper bound instead. With ``trace``, allocation
+    stacks are recorded during the cell and switched off again afterwards (when the
+    user was already recording, their settings are left alone).
+    """
+
+    devices: tuple[DeviceInfo, ...]
+    label: str
+    keep_peak: bool = False
+    trace: bool = False
+    pid: int = field(default_factory=os.getpid)
+    _start: dict[int, Counters] = field(default_factory=dict)
+    _process: dict[int, int | None] = field(default_factory=dict)
+    _resets: dict[int, int] = field(default_factory=dict)  # device: peak before the reset
+    _initialized: bool = False
+    _recording: bool = False
+    _user_recording: bool = False
+    _notes: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Read the counters (and reset peaks where needed) just before the cell."""
+        self._initialized = cuda.is_initialized()
+        if self.trace:
+            self._start_trace()
+        for device in self.devices:
+            counters = Counters.read(device.index)
+            self._process[device.index] = self._own_process(device)
+            if not self.keep_peak and counters.peak_allocated > counters.allocated:
+                cuda.reset_peak_memory_stats(device.index)
+                self._resets[device.index] = counters.peak_allocated
+            self._start[device.index] = counters
+
+    def _start_trace(self) -> None:
+        try:
+            self._recording = cuda.start_memory_history(TRACE_MAX_ENTRIES)
+        except (RuntimeError, cuda.CudaUnavailable) as exc:
+            self.trace = False
+            self._notes.append(f"--trace is unavailable here: {exc}")
+            return
+        self._user_recording = not self._recording
+        if self._user_recording:
+            self._notes.append(
+                "allocation stacks were already being recorded; your "
+                "_record_memory_history settings were kept"
+            )
+        if not self._initialized and cuda.is_initialized():
+            self._initialized = True
+            self._notes.append(
+                "--trace initialised CUDA before the cell ran (recording needs torch's allocator)"
+            )
+
+    def _own_process(self, device: DeviceInfo) -> int | None:
+        try:
+            listed = cuda.nvml_processes(device)
+        except cuda.CudaUnavailable:
+            return None
+        return next((used for pid, used in listed if pid == self.pid), None)
+
+    def finish(
+        self,
+        *,
+        cell_files: frozenset[str] = frozenset(),
+        is_user: Callable[[str], bool] = lambda filename: True,
+        where: Callable[[str, int], str] = lambda filename, line: f"{filename}:{line}",
+        source: Callable[[str, int], str] = lambda filename, line: "",
+    ) -> CellMemoryReport:
+        """Read the counters after the cell; with ``trace`` group what is still
+        allocated by line (``cell_files``: the cell's own source files)."""
+        trace: tuple[TraceLine, ...] | None = None
+        notes = list(self._notes)
+        try:
+            if self.trace:
+                blocks = blocks_from_segments(
+                    cuda.memory_snapshot_segments(), {d.index for d in self.devices}
+                )
+                trace = group_by_line(
+                    blocks,
+                    cell_files=cell_files,
+                    only_cell=self._user_recording,
+                    is_user=is_user,
+                    where=where,
+                    source=source,
+                )
+        finally:
+            if self._recording:
+                cuda.stop_memory_history()
+        changes = []
+        for device in self.devices:
+            start = self._start[device.index]
+            end = Counters.read(device.index)
+            before = self._resets.get(device.index)
+            reset = None if before is None else PeakReset(device.index, self.label, before)
+            peak, upper = cell_peak(start, end, reset=reset is not None)
+            if peak is not None and peak < start.allocated:
+                notes.append(
+                    f"cuda:{device.index}: the peak counter was reset during the cell; "
+                    "the peak covers the time since"
+                )
+            changes.append(
+                CellDeviceChange(
+                    index=device.index,
+                    name=device.name,
+                    start=start,
+                    end=end,
+                    peak=peak,
+                    peak_upper=upper,
+                    reset=reset,
+                    process_start=self._process[device.index],
+                    process_end=self._own_process(device),
+                )
+            )
+        initialized_by_cell = not self._initialized and cuda.is_initialized()
+        return CellMemoryReport(
+            label=self.label,
+            changes=tuple(changes),
+            trace=trace,
+            initialized_by_cell=initialized_by_cell,
+            notes=tuple(notes),
+        )
+
+    @property
+    def resets(self) -> tuple[PeakReset, ...]:
+        """The peak resets :meth:`start` made."""
+        return tuple(PeakReset(d, self.label, before) for d, before in self._resets.items())

@@ -1,0 +1,366 @@
+"""Allocation stacks: torch's allocator snapshot → live blocks → the user's line.
+
+``torch.cuda.memory._snapshot()`` lists every block the caching allocator holds, with
+the stack that allocated it when allocation history was recorded. Both ``%%gpumem
+--trace`` (what a cell left allocated, by line) and pytest_cuda's leak check (what a
+test left allocated, by stack) read it the same way, through this module:
+
+* :func:`blocks_from_segments` turns the snapshot's ``segments`` into :class:`Block` s;
+  :func:`blocks_allocated_since` keeps those allocated after a moment, from the
+  allocator's event ring;
+* :class:`FrameFilter` is the one answer to "is this frame the user's or a library's"
+  (torch, the standard library, pytest, IPython, gpumagic, C++ frames);
+* :func:`group_by_stack` groups blocks by their user frames (the leak report) and
+  :func:`group_by_line` by the innermost user line (the ``%%gpumem`` trace).
+
+Pure: no torch, no IPython, no pytest; the snapshot is passed in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.units import format_bytes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
+__all__ = [
+    "MAX_FRAMES",
+    "Block",
+    "Frame",
+    "FrameFilter",
+    "StackGroup",
+    "TraceLine",
+    "blocks_allocated_since",
+    "blocks_from_segments",
+    "group_by_line",
+    "group_by_stack",
+    "is_python_file",
+    "short_path",
+]
+
+#: Frames kept per stack in a leak report.
+MAX_FRAMES = 8
+#: Packages whose frames are never the user's, when imported.
+LIBRARY_PACKAGES = (
+    "torch",
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "xdist",
+    "IPython",
+    "ipykernel",
+    "pytest_cuda",
+    "gpumagic",
+)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of an allocating stack."""
+
+    filename: str
+    line: int
+    name: str
+
+    def describe(self, root: str | None = None) -> str:
+        return f"{short_path(self.filename, root)}:{self.line} in {self.name}"
+
+
+def short_path(filename: str, root: str | None) -> str:
+    """``filename`` relative to ``root`` when it lies inside it."""
+    if root and not filename.startswith("<"):
+        try:
+            relative = os.path.relpath(filename, root)
+        except ValueError:  # another drive on Windows
+            return filename
+        if not relative.startswith(os.pardir):
+            return relative
+    return filename
+
+
+def is_python_file(filename: str) -> bool:
+    """A Python frame (a file, a cell ``<ipython-input-…>``, ``<string>``), not C++."""
+    return filename.endswith((".py", ".pyw", ".ipy")) or (
+        filename.startswith("<") and filename.endswith(">")
+    )
+
+
+@dataclass(frozen=True)
+class Block:
+    """A live allocator block: where, how big (``requested``: what the tensor asked for,
+    before rounding), and its allocating stack, innermost frame first."""
+
+    device: int
+    address: int
+    size: int
+    requested: int
+    frames: tuple[Frame, ...] = ()
+
+
+def blocks_from_segments(
+    segments: Iterable[Mapping[str, Any]], devices: set[int] | None = None
+) -> list[Block]:
+    """The allocated blocks of a ``torch.cuda.memory._snapshot()``'s ``segments``
+    (on ``devices`` only, when given)."""
+    found = []
+    for segment in segments:
+        device = int(segment.get("device", 0))
+        if devices is not None and device not in devices:
+            continue
+        for block in segment.get("blocks", ()):
+            if block.get("state") != "active_allocated":
+                continue
+            frames = tuple(
+                Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
+                for f in block.get("frames") or ()
+            )
+            size = int(block.get("size", 0))
+            found.append(
+                Block(
+                    device,
+                    int(block.get("address", 0)),
+                    size,
+                    int(block.get("requested_size", size)),
+                    frames,
+                )
+            )
+    return found
+
+
+def blocks_allocated_since(
+    snapshot: Mapping[str, Any], start_us: int, outermost: tuple[str, str] | None = None
+) -> list[Block]:
+    """The live blocks of a ``torch.cuda.memory._snapshot()`` allocated at or after
+    ``start_us`` (microseconds since the epoch, the clock of the snapshot's events).
+
+    Each device's ring of allocator events says when a live block was allocated (its
+    last ``alloc`` event at that address). A block without one is older than the ring,
+    unless the ring lost events after ``start_us`` (it wrapped, or the recording keeps
+    no events): then its stack decides, and it counts as new when the stack passes
+    through ``outermost`` (``(filename, function)`` of the test function).
+    """
+    allocated: dict[tuple[int, int], int] = {}
+    complete: dict[int, bool] = {}
+    for device, events in enumerate(snapshot.get("device_traces") or ()):
+        times = [int(e.get("time_us", 0)) for e in events]
+        complete[device] = bool(times) and min(times) <= start_us
+        for event, time_us in zip(events, times, strict=True):
+            if event.get("action") == "alloc":
+                key = (device, int(event.get("addr", -1)))
+                allocated[key] = max(time_us, allocated.get(key, time_us))
+    found = []
+    for block in blocks_from_segments(snapshot.get("segments") or ()):
+        when = allocated.get((block.device, block.address))
+        if when is not None:
+            if when >= start_us:
+                found.append(block)
+        elif not complete.get(block.device, False) and _passes_through(block.frames, outermost):
+            found.append(block)
+    return found
+
+
+def _passes_through(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> bool:
+    return outermost is not None and any(_is_frame(f, outermost) for f in frames)
+
+
+def _is_frame(frame: Frame, where: tuple[str, str]) -> bool:
+    filename, name = where
+    return frame.name == name and _as_dir(frame.filename) == _as_dir(filename)
+
+
+def _as_dir(path: str) -> str:
+    if path.startswith("<"):
+        return path
+    return os.path.normcase(os.path.abspath(path)).rstrip(os.sep) + os.sep
+
+
+class FrameFilter:
+    """Tells the user's frames from library frames: the packages of
+    :data:`LIBRARY_PACKAGES` (torch, pytest, IPython, gpumagic…), the standard library
+    and C++ frames. Python code in site-packages other than those counts as the user's
+    (their model library is theirs to look at)."""
+
+    def __init__(self, library_dirs: Iterable[str], stdlib_dirs: Iterable[str] = ()) -> None:
+        self._library = tuple(_as_dir(d) for d in library_dirs if d)
+        self._stdlib = tuple(_as_dir(d) for d in stdlib_dirs if d)
+
+    @classmethod
+    def default(cls, extra_dirs: Iterable[str] = ()) -> FrameFilter:
+        """The library packages imported now, the standard library, and ``extra_dirs``."""
+        library = list(extra_dirs)
+        for name in LIBRARY_PACKAGES:
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None)
+            if path:
+                library.append(os.path.dirname(path))
+        paths = sysconfig.get_paths()
+        return cls(library, {paths["stdlib"], paths["platstdlib"]})
+
+    def is_user(self, filename: str) -> bool:
+        if filename.startswith(("<frozen", "<eval_with_key")):
+            return False
+        if not filename.startswith("<") and not filename.endswith((".py", ".pyw", ".ipy")):
+            return False  # a C++ frame (recording with stacks="all"): torch's or a library's
+        path = _as_dir(filename)
+        if path.startswith(self._library):
+            return False
+        if path.startswith(self._stdlib):
+            parts = path.split(os.sep)
+            return "site-packages" in parts or "dist-packages" in parts
+        return True
+
+
+# ---------------------------------------------------------------------------
+# By stack: the leak report.
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Live blocks that share an allocating stack (user frames, innermost first)."""
+
+    frames: tuple[Frame, ...]
+    size: int
+    requested: int
+    blocks: int
+    devices: tuple[int, ...]
+
+    def describe(self) -> str:
+        where = ", ".join(f"cuda:{d}" for d in self.devices)
+        count = f"{self.blocks} block" + ("s" if self.blocks != 1 else "")
+        text = f"{format_bytes(self.size)} in {count} on {where}"
+        if self.requested != self.size:
+            text += f" ({format_bytes(self.requested)} requested)"
+        return text
+
+
+def _cut(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> tuple[Frame, ...]:
+    if outermost is None:
+        return frames
+    for i, frame in enumerate(frames):
+        if _is_frame(frame, outermost):
+            return frames[: i + 1]
+    return frames
+
+
+def group_by_stack(
+    blocks: Iterable[Block],
+    is_user: Callable[[str], bool],
+    max_frames: int = MAX_FRAMES,
+    outermost: tuple[str, str] | None = None,
+) -> tuple[StackGroup, ...]:
+    """Group ``blocks`` by the user frames of their stacks, largest total first.
+
+    ``outermost``: ``(filename, function)`` of the frame where a stack stops being
+    interesting (the test function): the frames that called it are dropped. A stack with
+    no user frame (allocated inside a library's own thread) keeps its three innermost
+    frames, so the report still says something.
+    """
+    groups: dict[tuple[Frame, ...], list[Block]] = {}
+    for block in blocks:
+        stack = _cut(block.frames, outermost)
+        user = tuple(f for f in stack if is_user(f.filename)) or stack[:3]
+        groups.setdefault(user[:max_frames], []).append(block)
+    result = [
+        StackGroup(
+            frames=frames,
+            size=sum(b.size for b in members),
+            requested=sum(b.requested for b in members),
+            blocks=len(members),
+            devices=tuple(sorted({b.device for b in members})),
+        )
+        for frames, members in groups.items()
+    ]
+    result.sort(key=lambda g: (-g.size, -g.blocks))
+    return tuple(result)
+
+
+# ---------------------------------------------------------------------------
+# By line: the ``%%gpumem --trace`` table.
+
+
+@dataclass(frozen=True)
+class TraceLine:
+    """Memory still allocated after the cell, charged to the line that allocated it."""
+
+    where: str
+    filename: str
+    line: int
+    function: str
+    source: str
+    nbytes: int
+    blocks: int
+    devices: tuple[int, ...]
+    via: str = ""
+
+
+@dataclass
+class _LineTotal:
+    function: str
+    nbytes: int = 0
+    blocks: int = 0
+    devices: set[int] = field(default_factory=set)
+    via: str = ""
+
+
+def group_by_line(
+    blocks: Iterable[Block],
+    *,
+    cell_files: frozenset[str] = frozenset(),
+    only_cell: bool = False,
+    is_user: Callable[[str], bool] = lambda filename: True,
+    where: Callable[[str, int], str] = lambda filename, line: f"{filename}:{line}",
+    source: Callable[[str, int], str] = lambda filename, line: "",
+) -> tuple[TraceLine, ...]:
+    """Group live blocks by the line that allocated them, largest first.
+
+    A block's stack (innermost frame first) is charged to its innermost user frame
+    (``is_user``): the user's line that called into torch. Blocks without a Python
+    stack were allocated before recording started and are left out; with ``only_cell``
+    so are blocks whose stack does not pass through ``cell_files``. ``via`` names the
+    cell line that led there when the allocating line is elsewhere (a function defined
+    in another cell or a module).
+    """
+    totals: dict[tuple[str, int], _LineTotal] = {}
+    for block in blocks:
+        # C++ frames are there when the user records with stacks="all"; the line to
+        # charge is a Python one.
+        frames = [f for f in block.frames if is_python_file(f.filename)]
+        if not frames or (only_cell and not cell_files.intersection(f.filename for f in frames)):
+            continue
+        chosen = next((f for f in frames if is_user(f.filename)), None)
+        via_frame = None
+        if chosen is None:
+            key = ("<library>", 0)
+        else:
+            key = (chosen.filename, chosen.line)
+            via_frame = next((f for f in frames if f.filename in cell_files), None)
+        total = totals.setdefault(key, _LineTotal(chosen.name if chosen else ""))
+        total.nbytes += block.size
+        total.blocks += 1
+        total.devices.add(block.device)
+        if via_frame is not None and via_frame is not chosen and not total.via:
+            total.via = where(via_frame.filename, via_frame.line)
+    lines = []
+    for (filename, line), total in totals.items():
+        library = filename == "<library>"
+        lines.append(
+            TraceLine(
+                where="library code only" if library else where(filename, line),
+                filename="" if library else filename,
+                line=line,
+                function=total.function,
+                source="" if library else source(filename, line),
+                nbytes=total.nbytes,
+                blocks=total.blocks,
+                devices=tuple(sorted(total.devices)),
+                via=total.via,
+            )
+        )
+    lines.sort(key=lambda t: (-t.nbytes, t.where))
+    return tuple(lines)
