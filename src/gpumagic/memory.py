@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from gpumagic.devices import DeviceInfo
 
 __all__ = [
-    "Counters",
     "DeviceMemory",
     "MemoryReport",
     "PeakReset",
@@ -43,29 +42,6 @@ CONTEXT_NOTE = "a CUDA context takes about 0.5 GiB per device"
 
 # ---------------------------------------------------------------------------
 # Figures
-
-
-@dataclass(frozen=True)
-class Counters:
-    """The caching allocator's counters of one device at one moment, in bytes."""
-
-    allocated: int = 0
-    reserved: int = 0
-    peak_allocated: int = 0
-    peak_reserved: int = 0
-    requested: int = 0
-
-    @classmethod
-    def read(cls, device: int) -> Counters:
-        """Read them through the seam (zeros, without a context, before CUDA is used)."""
-        raw = cuda.allocator_counters(device)
-        return cls(
-            allocated=raw["allocated"],
-            reserved=raw["reserved"],
-            peak_allocated=raw["peak_allocated"],
-            peak_reserved=raw["peak_reserved"],
-            requested=raw["requested"],
-        )
 
 
 @dataclass(frozen=True)
@@ -236,7 +212,7 @@ def read_devices(
         notes: list[str] = []
         fields: dict[str, Any] = {}
         if initialized:
-            counters = Counters.read(device.index)
+            counters = cuda.allocator_stats(device.index)
             fields.update(
                 allocated=counters.allocated,
                 reserved=counters.reserved,

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
-from gpumagic.memory import Counters, PeakReset
+from gpumagic.memory import PeakReset
 from gpumagic.stacks import TraceLine, blocks_from_segments, group_by_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gpumagic.cuda import AllocatorStats
     from gpumagic.devices import DeviceInfo
 
 __all__ = ["CellDeviceChange", "CellMemoryReport", "CellMeter", "cell_peak"]
@@ -28,7 +29,9 @@ __all__ = ["CellDeviceChange", "CellMemoryReport", "CellMeter", "cell_peak"]
 TRACE_MAX_ENTRIES = 10_000
 
 
-def cell_peak(start: Counters, end: Counters, *, reset: bool) -> tuple[int | None, int | None]:
+def cell_peak(
+    start: AllocatorStats, end: AllocatorStats, *, reset: bool
+) -> tuple[int | None, int | None]:
     """``(peak, upper_bound)`` of allocated memory during a cell.
 
     The allocator's peak counter is monotone since its last reset. It gives the cell's
@@ -49,8 +52,8 @@ class CellDeviceChange:
 
     index: int
     name: str
-    start: Counters
-    end: Counters
+    start: AllocatorStats
+    end: AllocatorStats
     peak: int | None
     peak_upper: int | None = None
     reset: PeakReset | None = None
@@ -130,7 +133,7 @@ class CellMeter:
     keep_peak: bool = False
     trace: bool = False
     pid: int = field(default_factory=os.getpid)
-    _start: dict[int, Counters] = field(default_factory=dict)
+    _start: dict[int, AllocatorStats] = field(default_factory=dict)
     _process: dict[int, int | None] = field(default_factory=dict)
     _resets: dict[int, int] = field(default_factory=dict)  # device: peak before the reset
     _initialized: bool = False
@@ -144,7 +147,7 @@ class CellMeter:
         if self.trace:
             self._start_trace()
         for device in self.devices:
-            counters = Counters.read(device.index)
+            counters = cuda.allocator_stats(device.index)
             self._process[device.index] = self._own_process(device)
             if not self.keep_peak and counters.peak_allocated > counters.allocated:
                 cuda.reset_peak_memory_stats(device.index)
@@ -192,7 +195,7 @@ class CellMeter:
         try:
             if self.trace:
                 blocks = blocks_from_segments(
-                    cuda.memory_snapshot_segments(), {d.index for d in self.devices}
+                    cuda.memory_snapshot().get("segments") or (), {d.index for d in self.devices}
                 )
                 trace = group_by_line(
                     blocks,
@@ -208,7 +211,7 @@ class CellMeter:
         changes = []
         for device in self.devices:
             start = self._start[device.index]
-            end = Counters.read(device.index)
+            end = cuda.allocator_stats(device.index)
             before = self._resets.get(device.index)
             reset = None if before is None else PeakReset(device.index, self.label, before)
             peak, upper = cell_peak(start, end, reset=reset is not None)

@@ -353,7 +353,7 @@ class StackRecording:
     def ensure(self) -> None:
         """Recording on now, if CUDA is initialised (it creates no context)."""
         if not self._closed and cuda.is_initialized():
-            self.owned = cuda.start_allocation_history(HISTORY_MAX_ENTRIES) or self.owned
+            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES, events=True) or self.owned
 
     def ensure_at_init(self) -> bool:
         """Recording on now, or as soon as torch initialises CUDA; ``False`` when torch
@@ -366,7 +366,7 @@ class StackRecording:
         if self._closed:
             return
         try:
-            self.owned = cuda.start_allocation_history(HISTORY_MAX_ENTRIES) or self.owned
+            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES, events=True) or self.owned
         except Exception:
             return
 

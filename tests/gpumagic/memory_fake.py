@@ -78,7 +78,7 @@ class FakeGpu:
             {
                 "status": lambda: status,
                 "is_initialized": lambda: self.initialized,
-                "allocator_counters": self.allocator_counters,
+                "allocator_stats": self.allocator_stats,
                 "reset_peak_memory_stats": self.reset_peak,
                 "empty_cache": self.empty_cache,
                 "allocator_backend": lambda: "native" if self.initialized else None,
@@ -88,7 +88,7 @@ class FakeGpu:
                 "start_memory_history": self.start_history,
                 "stop_memory_history": self.stop_history,
                 "memory_history_enabled": lambda: self.recording or self.user_recording,
-                "memory_snapshot_segments": self.segments,
+                "memory_snapshot": self.snapshot,
             }
         )
         for module in (memory, memory_cell, memory_holders, memory_magics):
@@ -128,10 +128,10 @@ class FakeGpu:
         self.counters[device]["allocated"] -= nbytes
         self.counters[device]["requested"] -= nbytes
 
-    def allocator_counters(self, device: int) -> dict[str, int]:
+    def allocator_stats(self, device: int) -> cuda.AllocatorStats:
         if not self.initialized:
-            return dict.fromkeys(_NAMES, 0)
-        return dict(self.counters[device])
+            return cuda.AllocatorStats()
+        return cuda.AllocatorStats(**self.counters[device])
 
     def reset_peak(self, device: int) -> None:
         self.resets.append(device)
@@ -170,7 +170,8 @@ class FakeGpu:
 
     # -- allocation stacks -------------------------------------------------------------
 
-    def start_history(self, max_entries: int) -> bool:
+    def start_history(self, max_entries: int, *, events: bool = False) -> bool:
+        assert not events, "%%gpumem --trace needs the stacks of live blocks only"
         assert 0 < max_entries < 1_000_000, "the ring buffer must be bounded"
         self.initialized = True
         if self.user_recording:
@@ -183,14 +184,15 @@ class FakeGpu:
         assert self.recording, "stopped a recording gpumagic did not start"
         self.recording = False
 
-    def segments(self) -> list[dict[str, Any]]:
-        return [
+    def snapshot(self) -> dict[str, Any]:
+        segments = [
             {
                 "device": device,
                 "blocks": [{"size": nbytes, "state": "active_allocated", "frames": frames}],
             }
             for device, nbytes, frames in self.blocks.values()
         ]
+        return {"segments": segments, "device_traces": []}
 
 
 _NAMES = (
@@ -199,6 +201,4 @@ _NAMES = (
     "peak_allocated",
     "peak_reserved",
     "requested",
-    "alloc_retries",
-    "ooms",
 )

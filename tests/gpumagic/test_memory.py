@@ -16,8 +16,8 @@ import pytest
 from memory_fake import FakeGpu, GiB, MiB
 
 from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text, stacks
+from gpumagic.cuda import AllocatorStats
 from gpumagic.devices import DeviceInfo
-from gpumagic.memory import Counters
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
 if TYPE_CHECKING:
@@ -185,17 +185,37 @@ def test_holders_are_sorted_largest_first_and_keep_filters() -> None:
     ("start", "end", "reset", "expected"),
     [
         # The counter was not above the start: it tracks the cell exactly.
-        (Counters(100, peak_allocated=100), Counters(100, peak_allocated=300), False, (300, None)),
+        (
+            AllocatorStats(100, peak_allocated=100),
+            AllocatorStats(100, peak_allocated=300),
+            False,
+            (300, None),
+        ),
         # Reset at the start: exact.
-        (Counters(100, peak_allocated=900), Counters(100, peak_allocated=300), True, (300, None)),
+        (
+            AllocatorStats(100, peak_allocated=900),
+            AllocatorStats(100, peak_allocated=300),
+            True,
+            (300, None),
+        ),
         # Not reset, but the cell set a new high: exact.
-        (Counters(100, peak_allocated=900), Counters(100, peak_allocated=950), False, (950, None)),
+        (
+            AllocatorStats(100, peak_allocated=900),
+            AllocatorStats(100, peak_allocated=950),
+            False,
+            (950, None),
+        ),
         # Not reset and hidden under the earlier peak: only a bound.
-        (Counters(100, peak_allocated=900), Counters(100, peak_allocated=900), False, (None, 900)),
+        (
+            AllocatorStats(100, peak_allocated=900),
+            AllocatorStats(100, peak_allocated=900),
+            False,
+            (None, 900),
+        ),
     ],
 )
 def test_cell_peak(
-    start: Counters, end: Counters, reset: bool, expected: tuple[int | None, int | None]
+    start: AllocatorStats, end: AllocatorStats, reset: bool, expected: tuple[int | None, int | None]
 ) -> None:
     assert memory_cell.cell_peak(start, end, reset=reset) == expected
 

@@ -36,7 +36,7 @@ SEAM = (
     "release_cached_blocks",
     "reset_compile_caches",
     "memory_history_enabled",
-    "start_allocation_history",
+    "start_memory_history",
     "stop_memory_history",
     "memory_snapshot",
     "reset_peak_memory_stats",
@@ -211,8 +211,8 @@ class FakeAllocator:
     def memory_history_enabled(self) -> bool:
         return self.recording
 
-    def start_allocation_history(self, max_entries: int) -> bool:
-        self.calls.append(f"start_allocation_history({max_entries})")
+    def start_memory_history(self, max_entries: int, *, events: bool = False) -> bool:
+        self.calls.append(f"start_memory_history({max_entries}, events={events})")
         if self.recording:
             return False
         self.recording = True

@@ -446,7 +446,7 @@ def test_a_leaking_block_fails_with_the_allocating_line(fake: FakeAllocator) -> 
     )
     assert "512 B in 1 block on cuda:0 (4 B requested)" in message
     assert not fake.recording  # put back off
-    assert "start_allocation_history(20000)" in fake.calls
+    assert "start_memory_history(20000, events=True)" in fake.calls
 
 
 def test_a_workspace_from_before_the_block_cannot_hide_a_leak(fake: FakeAllocator) -> None:
@@ -484,7 +484,7 @@ def test_without_trace_the_report_says_how_to_get_stacks(fake: FakeAllocator) ->
         no_cuda_leak(trace=False),
     ):
         LEAKED.append(fake.tensor(4096))
-    assert not any(call.startswith("start_allocation_history") for call in fake.calls)
+    assert not any(call.startswith("start_memory_history") for call in fake.calls)
 
 
 def test_warn_mode_warns_with_the_report(fake: FakeAllocator) -> None:

@@ -16,13 +16,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AllocatorStats:
-    """The caching allocator's counters for one device, in bytes."""
+    """The caching allocator's counters for one device at one moment, in bytes.
 
-    allocated: int
-    reserved: int
-    peak_allocated: int
-    peak_reserved: int
+    ``requested``: what the tensors asked for, before rounding to blocks;
+    ``allocations``: how many allocations were ever made (a count, not bytes).
+    """
+
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
     active: int = 0
+    requested: int = 0
     allocations: int = 0
 
 
@@ -32,12 +37,12 @@ def allocator_stats(device: int = 0) -> AllocatorStats:
     Returns zeros without touching CUDA when torch has not initialised it.
     """
     if not is_initialized():
-        return AllocatorStats(0, 0, 0, 0)
-    torch = torch_module()
-    stats = torch._C._cuda_memoryStats(device)
+        return AllocatorStats()
+    stats = torch_module()._C._cuda_memoryStats(device)
 
     def get(name: str, which: str = "current") -> int:
-        return int(stats[name]["all"][which])
+        entry = stats.get(name)
+        return int(entry["all"][which]) if entry else 0
 
     return AllocatorStats(
         allocated=get("allocated_bytes"),
@@ -45,44 +50,9 @@ def allocator_stats(device: int = 0) -> AllocatorStats:
         peak_allocated=get("allocated_bytes", "peak"),
         peak_reserved=get("reserved_bytes", "peak"),
         active=get("active_bytes"),
-        allocations=get("allocation", "allocated") if "allocation" in stats else 0,
+        requested=get("requested_bytes"),
+        allocations=get("allocation", "allocated"),
     )
-
-
-def allocator_counters(device: int) -> dict[str, int]:
-    """The caching allocator's counters for ``device`` in bytes (one nested C call).
-
-    Keys: ``allocated``, ``reserved``, ``peak_allocated``, ``peak_reserved``,
-    ``requested`` (bytes the tensors asked for, before rounding to blocks),
-    ``alloc_retries`` and ``ooms``. All zero, without touching CUDA, when torch has not
-    initialised it.
-    """
-    names = (
-        "allocated",
-        "reserved",
-        "peak_allocated",
-        "peak_reserved",
-        "requested",
-        "alloc_retries",
-        "ooms",
-    )
-    if not is_initialized():
-        return dict.fromkeys(names, 0)
-    stats = torch_module()._C._cuda_memoryStats(device)
-
-    def get(name: str, which: str = "current") -> int:
-        entry = stats.get(name)
-        return int(entry["all"][which]) if entry else 0
-
-    return {
-        "allocated": get("allocated_bytes"),
-        "reserved": get("reserved_bytes"),
-        "peak_allocated": get("allocated_bytes", "peak"),
-        "peak_reserved": get("reserved_bytes", "peak"),
-        "requested": get("requested_bytes"),
-        "alloc_retries": int(stats.get("num_alloc_retries", 0)),
-        "ooms": int(stats.get("num_ooms", 0)),
-    }
 
 
 def reset_peak_memory_stats(device: int) -> None:
@@ -180,22 +150,27 @@ def memory_history_enabled() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-def start_memory_history(max_entries: int) -> bool:
-    """Record the Python stack of every allocation from now on; ``True`` if we turned it on.
+def start_memory_history(max_entries: int, *, events: bool = False) -> bool:
+    """Record the Python stack of every allocation from now on, unless recording is on.
 
-    Records allocation stacks for live blocks (``enabled="state"``, ``context="state"``,
-    Python frames only: one stack capture per allocation, none per free); the event ring
-    buffer is bounded by ``max_entries``. When recording is already on (the user's own
-    ``_record_memory_history``), their settings are kept and ``False`` is returned.
-    Initialises CUDA when it is not yet (recording needs the allocator).
+    One stack capture per allocation, none per free (``stacks="python"``), in a ring
+    of at most ``max_entries`` entries. ``events=False``: the stacks of live blocks
+    only (``"state"``: what ``%%gpumem --trace`` reads); ``events=True``: also the ring
+    of allocator events with their times (``"all"``, ``context="alloc"``), which tells a
+    leak check which live blocks are new.
+
+    ``True`` when this call turned recording on (turn it off with
+    :func:`stop_memory_history`); ``False`` when it was on already: the user's own
+    ``_record_memory_history`` settings are kept. Initialises CUDA when it is not yet
+    (recording needs the allocator); safe inside :func:`on_cuda_init`'s callback.
     """
     torch = torch_module()
-    if not is_initialized():
-        torch.cuda.init()
-    if memory_history_enabled():
+    torch.cuda.init()  # nothing when initialised or initialising
+    if torch._C._cuda_isHistoryEnabled():
         return False
+    enabled, context = ("all", "alloc") if events else ("state", "state")
     torch.cuda.memory._record_memory_history(
-        "state", context="state", stacks="python", max_entries=max_entries
+        enabled, context=context, stacks="python", max_entries=max_entries
     )
     return True
 
@@ -206,10 +181,10 @@ def stop_memory_history() -> None:
     torch_module().cuda.memory._record_memory_history(None)
 
 
-def memory_snapshot_segments() -> list[dict[str, Any]]:
-    """The allocator's segments and blocks with their allocation stacks (all devices)."""
-    snapshot = torch_module().cuda.memory._snapshot()
-    return list(snapshot.get("segments", []))
+def memory_snapshot() -> dict[str, Any]:
+    """``torch.cuda.memory._snapshot()``: segments with their blocks (and allocation
+    stacks when recording), and each device's ring of allocator events."""
+    return dict(torch_module().cuda.memory._snapshot())
 
 
 def allocation_marks(device: int) -> tuple[int, int, int, int]:
@@ -292,28 +267,3 @@ def on_cuda_init(callback: Callable[[], object]) -> bool:
         return False
     lazy_call(callback)
     return True
-
-
-def start_allocation_history(max_entries: int) -> bool:
-    """Record the Python stack and the time of every allocation, unless recording is on.
-
-    ``_record_memory_history("all", context="alloc", stacks="python")``: a stack capture
-    per allocation (none per free) and a ring of the last ``max_entries`` allocator
-    events with their times, which tell a leak check which live blocks are new.
-    ``True`` when this call turned recording on (its caller turns it off with
-    :func:`stop_memory_history`); ``False`` when it was on already (the user's settings
-    are kept). Only call it once CUDA is initialised, or from :func:`on_cuda_init`.
-    """
-    torch = torch_module()
-    if torch._C._cuda_isHistoryEnabled():
-        return False
-    torch.cuda.memory._record_memory_history(
-        "all", context="alloc", stacks="python", max_entries=max_entries
-    )
-    return True
-
-
-def memory_snapshot() -> dict[str, Any]:
-    """``torch.cuda.memory._snapshot()``: segments with their blocks (and allocation
-    stacks when recording), and each device's ring of allocator events."""
-    return dict(torch_module().cuda.memory._snapshot())
