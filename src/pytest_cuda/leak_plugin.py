@@ -25,62 +25,19 @@ import pytest
 
 from pytest_cuda.collection import marker_names
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, leak_report, peaks
-from pytest_cuda.options import option_group
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from _pytest.config.argparsing import Parser
     from _pytest.terminal import TerminalReporter
 
     from pytest_cuda.leaks import NoCudaLeak
 
-MARKER_DOC = (
-    "cuda_leak_check(tolerance=0, mode='fail'): fail the test when it leaves more than "
-    "tolerance bytes per device (an int or a size like '4KiB') allocated in this "
-    "process's CUDA caching allocator, after garbage collection and after releasing "
-    "what libraries keep by design. mode='warn' reports without failing; mode='off' "
-    "skips the check (also under --cuda-leak-check)."
-)
 CHECKER_NAME = "cuda.leaks"
 REPORTS_NAME = "cuda.leak-reports"
 
 
-def pytest_addoption(parser: Parser) -> None:
-    group = option_group(parser)
-    # Each dest is given: pytest then does not compare it with every option so far.
-    group.addoption(
-        "--cuda-leak-check",
-        dest="cuda_leak_check",
-        action="store_true",
-        default=False,
-        help="fail every test that leaves CUDA memory allocated (this process's caching "
-        "allocator, per device, after garbage collection and after releasing what "
-        "cuBLAS, cuFFT and torch.compile keep by design). Tests that never use CUDA "
-        "cost a few microseconds.",
-    )
-    group.addoption(
-        "--cuda-leak-trace",
-        dest="cuda_leak_trace",
-        action="store_true",
-        default=False,
-        help="record the Python stack of every CUDA allocation (about 2 us each), so a "
-        "leak report names the lines that allocated the blocks still alive. Applies "
-        "to the tests checked by --cuda-leak-check or the cuda_leak_check marker.",
-    )
-    group.addoption(
-        "--cuda-memory-report",
-        dest="cuda_memory_report",
-        type=int,
-        default=0,
-        metavar="N",
-        help="after the run, list the N tests with the largest peak CUDA memory "
-        "(resets the allocator's peak counters at the start of each test).",
-    )
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", MARKER_DOC)
     if config.getoption("cuda_memory_report") < 0:
         raise pytest.UsageError(
             "--cuda-memory-report takes a number of tests >= 0, got "

@@ -1,20 +1,168 @@
-"""The ``pytest --help`` section of pytest_cuda, which every pytest_cuda module adds to.
+"""pytest_cuda's command-line surface: every ``--cuda-*`` option, the ini value and the
+marker lines, declared once for the entry point (:mod:`pytest_cuda.plugin`).
 
-A leaf module: the entry point (:mod:`pytest_cuda.plugin`) and the modules it loads
-(:mod:`pytest_cuda.leak_plugin`, :mod:`pytest_cuda.sync_plugin`) import it, never each
-other for it.
+The modes the entry point loads (:mod:`pytest_cuda.leak_plugin`,
+:mod:`pytest_cuda.sync_plugin`) only read these options. Declaring them here keeps
+``pytest --help`` and ``--markers`` whole, and the markers known, even where one mode
+is switched off with ``-p no:``. A leaf module: it imports nothing of pytest_cuda.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from _pytest.config.argparsing import OptionGroup, Parser
+    from _pytest.config.argparsing import Parser
 
-__all__ = ["option_group"]
+__all__ = ["ENV_DEVICES", "MARKER_LINES", "POISON_ACTIONS", "SYNC_MODES", "add_options"]
+
+ENV_DEVICES = "PYTEST_CUDA_DEVICES"
+SYNC_MODES = ("launch-blocking", "per-op")
+POISON_ACTIONS = ("continue", "stop", "skip")
+
+CUDA_MARKER_DOC = (
+    "cuda(min_devices=1, min_memory=None, min_capability=None): the test needs CUDA: "
+    "at least min_devices usable CUDA devices, min_memory free on each device it is "
+    'given (bytes or "40GiB"), and a compute capability of at least min_capability '
+    '((8, 0) or "8.0"). Without them the test is skipped with the reason (it fails '
+    "under --cuda-require). Markers on the class and module add up."
+)
+
+CUDA_LEAK_CHECK_MARKER_DOC = (
+    "cuda_leak_check(tolerance=0, mode='fail'): fail the test when it leaves more than "
+    "tolerance bytes per device (an int or a size like '4KiB') allocated in this "
+    "process's CUDA caching allocator, after garbage collection and after releasing "
+    "what libraries keep by design. mode='warn' reports without failing; mode='off' "
+    "skips the check (also under --cuda-leak-check)."
+)
+
+CUDA_SYNC_MARKER_DOC = (
+    "cuda_sync: synchronize after every torch operation of this test (as "
+    "--cuda-sync=per-op does for every test), so an asynchronous CUDA error is raised "
+    "at the op and line that caused it."
+)
+
+CUDA_NO_SYNC_MARKER_DOC = (
+    "cuda_no_sync: fail the test if its body makes the host wait for the GPU "
+    "implicitly (.item(), .cpu(), nonzero(), bool(tensor)...), naming the op and the "
+    'line. Uses torch.cuda.set_sync_debug_mode("error") and restores the previous '
+    "mode; explicit torch.cuda.synchronize() and syncs outside torch are not seen. "
+    "The cuda_no_sync fixture does the same for a with-block."
+)
+
+#: The ``pytest --markers`` lines, in the order they are shown.
+MARKER_LINES = (
+    CUDA_MARKER_DOC,
+    CUDA_LEAK_CHECK_MARKER_DOC,
+    CUDA_SYNC_MARKER_DOC,
+    CUDA_NO_SYNC_MARKER_DOC,
+)
 
 
-def option_group(parser: Parser) -> OptionGroup:
-    """The one ``pytest --help`` section that every pytest_cuda module adds its options to."""
-    return parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+def add_options(parser: Parser) -> None:
+    """Add every pytest_cuda option to one ``pytest --help`` section."""
+    group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+    # Each dest is given: pytest then does not compare it with every option so far.
+    group.addoption(
+        "--cuda-devices",
+        dest="cuda_devices",
+        metavar="INDICES",
+        default=None,
+        help="the CUDA devices this run may use: indices into the visible devices "
+        "(an outer CUDA_VISIBLE_DEVICES is respected), e.g. 0,1, or 'all'. Tests "
+        "taking cuda_device run once per device; under pytest-xdist each worker is "
+        f"pinned to its own device(s). Also ini cuda_devices and env {ENV_DEVICES}.",
+    )
+    group.addoption(
+        "--cuda-devices-per-worker",
+        dest="cuda_devices_per_worker",
+        metavar="K",
+        type=int,
+        default=None,
+        help="under pytest-xdist, give each worker K of the selected devices "
+        "(default 1); -n auto then starts one worker per group.",
+    )
+    group.addoption(
+        "--cuda-require",
+        dest="cuda_require",
+        action="store_true",
+        default=False,
+        help="strict mode for GPU CI: a test that would be skipped for lack of a GPU, "
+        "devices, memory or compute capability fails instead, with the same reason.",
+    )
+    parser.addini(
+        "cuda_devices",
+        type="string",
+        default="",
+        help="default for --cuda-devices (indices such as 0,1, or 'all').",
+    )
+    group.addoption(
+        "--cuda-leak-check",
+        dest="cuda_leak_check",
+        action="store_true",
+        default=False,
+        help="fail every test that leaves CUDA memory allocated (this process's caching "
+        "allocator, per device, after garbage collection and after releasing what "
+        "cuBLAS, cuFFT and torch.compile keep by design). Tests that never use CUDA "
+        "cost a few microseconds.",
+    )
+    group.addoption(
+        "--cuda-leak-trace",
+        dest="cuda_leak_trace",
+        action="store_true",
+        default=False,
+        help="record the Python stack of every CUDA allocation (about 2 us each), so a "
+        "leak report names the lines that allocated the blocks still alive. Applies "
+        "to the tests checked by --cuda-leak-check or the cuda_leak_check marker.",
+    )
+    group.addoption(
+        "--cuda-memory-report",
+        dest="cuda_memory_report",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the run, list the N tests with the largest peak CUDA memory "
+        "(resets the allocator's peak counters at the start of each test).",
+    )
+    group.addoption(
+        "--cuda-sync",
+        dest="cuda_sync",
+        choices=SYNC_MODES,
+        default=None,
+        help="debug asynchronous CUDA errors. launch-blocking: set CUDA_LAUNCH_BLOCKING=1 "
+        "before any conftest can create a CUDA context (xdist workers too; restored "
+        "afterwards), so every kernel launch waits for its kernel. per-op: synchronize "
+        "after every torch operation in each test, so the error is raised at the op and "
+        "line that caused it, without a restart.",
+    )
+    group.addoption(
+        "--cuda-on-poison",
+        dest="cuda_on_poison",
+        choices=POISON_ACTIONS,
+        default=None,
+        help="after a test leaves a sticky CUDA error (a device-side assert, an illegal "
+        "address), every later CUDA call in the process fails. continue (default): run "
+        "the remaining tests in a fresh process and merge their results into this report "
+        "(under xdist the worker is replaced); stop: end the run; skip: skip the "
+        "remaining tests of the process.",
+    )
+    group.addoption(
+        "--cuda-rerun-blocking",
+        dest="cuda_rerun_blocking",
+        action="store_true",
+        default=False,
+        help="re-run each test that failed with a CUDA error once, alone, in a fresh "
+        "process with CUDA_LAUNCH_BLOCKING=1, and add the line where it really failed "
+        "to its report.",
+    )
+    group.addoption(
+        "--cuda-internal-resume", dest="cuda_internal_resume", default=None, help=argparse.SUPPRESS
+    )
+    group.addoption(
+        "--cuda-internal-rerun",
+        dest="cuda_internal_rerun",
+        action="store_true",
+        default=False,
+        help=argparse.SUPPRESS,
+    )

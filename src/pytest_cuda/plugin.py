@@ -26,7 +26,7 @@ import pytest
 
 from pytest_cuda import leak_plugin, sync_plugin
 from pytest_cuda.collection import marker_names
-from pytest_cuda.options import option_group
+from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -49,17 +49,8 @@ __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices
 #: (``-p no:pytest_cuda.sync_plugin`` turns one off).
 MODE_PLUGINS: tuple[ModuleType, ...] = (leak_plugin, sync_plugin)
 
-ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
 _DEVICE_FIXTURE_SET = frozenset(DEVICE_FIXTURES)
-
-CUDA_MARKER_DOC = (
-    "cuda(min_devices=1, min_memory=None, min_capability=None): the test needs CUDA: "
-    "at least min_devices usable CUDA devices, min_memory free on each device it is "
-    'given (bytes or "40GiB"), and a compute capability of at least min_capability '
-    '((8, 0) or "8.0"). Without them the test is skipped with the reason (it fails '
-    "under --cuda-require). Markers on the class and module add up."
-)
 
 
 class _RunDevices(NamedTuple):
@@ -78,44 +69,6 @@ _HEADER_SHOWN = pytest.StashKey[bool]()
 _USES_CUDA = pytest.StashKey[bool]()
 _ANY_CUDA = pytest.StashKey[bool]()
 SETUP_NAME = "cuda.setup"
-
-
-def pytest_addoption(parser: Parser) -> None:
-    group = option_group(parser)
-    # Each dest is given: pytest then does not compare it with every option so far.
-    group.addoption(
-        "--cuda-devices",
-        dest="cuda_devices",
-        metavar="INDICES",
-        default=None,
-        help="the CUDA devices this run may use: indices into the visible devices "
-        "(an outer CUDA_VISIBLE_DEVICES is respected), e.g. 0,1, or 'all'. Tests "
-        "taking cuda_device run once per device; under pytest-xdist each worker is "
-        f"pinned to its own device(s). Also ini cuda_devices and env {ENV_DEVICES}.",
-    )
-    group.addoption(
-        "--cuda-devices-per-worker",
-        dest="cuda_devices_per_worker",
-        metavar="K",
-        type=int,
-        default=None,
-        help="under pytest-xdist, give each worker K of the selected devices "
-        "(default 1); -n auto then starts one worker per group.",
-    )
-    group.addoption(
-        "--cuda-require",
-        dest="cuda_require",
-        action="store_true",
-        default=False,
-        help="strict mode for GPU CI: a test that would be skipped for lack of a GPU, "
-        "devices, memory or compute capability fails instead, with the same reason.",
-    )
-    parser.addini(
-        "cuda_devices",
-        type="string",
-        default="",
-        help="default for --cuda-devices (indices such as 0,1, or 'all').",
-    )
 
 
 def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager) -> None:
@@ -152,8 +105,13 @@ def _pin_workers(config: pytest.Config) -> None:
         manager.register(XdistPinning(_worker_plan), "cuda.xdist")
 
 
+def pytest_addoption(parser: Parser) -> None:
+    add_options(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", CUDA_MARKER_DOC)
+    for line in MARKER_LINES:
+        config.addinivalue_line("markers", line)
     if _asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
         _run_devices(config)

@@ -26,7 +26,6 @@ they have work (a sync mode asked for, a CUDA library imported, an option given)
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -36,7 +35,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import pytest
 
 from pytest_cuda.collection import marker_names
-from pytest_cuda.options import option_group
 from pytest_cuda.poison_report import (
     LAUNCH_BLOCKING,
     NOTES,
@@ -49,28 +47,8 @@ if TYPE_CHECKING:
     import contextlib
     from collections.abc import Callable
 
-    from _pytest.config.argparsing import Parser
-
     from gpumagic import cuda
     from pytest_cuda.sync_checks import PhaseChecks
-
-__all__ = ["POISON_ACTIONS", "SYNC_MODES"]
-
-SYNC_MODES = ("launch-blocking", "per-op")
-POISON_ACTIONS = ("continue", "stop", "skip")
-
-CUDA_SYNC_MARKER_DOC = (
-    "cuda_sync: synchronize after every torch operation of this test (as "
-    "--cuda-sync=per-op does for every test), so an asynchronous CUDA error is raised "
-    "at the op and line that caused it."
-)
-CUDA_NO_SYNC_MARKER_DOC = (
-    "cuda_no_sync: fail the test if its body makes the host wait for the GPU "
-    "implicitly (.item(), .cpu(), nonzero(), bool(tensor)...), naming the op and the "
-    'line. Uses torch.cuda.set_sync_debug_mode("error") and restores the previous '
-    "mode; explicit torch.cuda.synchronize() and syncs outside torch are not seen. "
-    "The cuda_no_sync fixture does the same for a with-block."
-)
 
 
 class DebugOptions(NamedTuple):
@@ -98,52 +76,6 @@ CUDA_LIBRARIES = frozenset({"torch", "cupy", "numba", "cuda", "pycuda", "jax"})
 
 #: The plugins registered when they have something to do.
 CHECKS_NAME = "cuda.poison-checks"
-
-
-def pytest_addoption(parser: Parser) -> None:
-    group = option_group(parser)
-    # Each dest is given: pytest then does not compare it with every option so far.
-    group.addoption(
-        "--cuda-sync",
-        dest="cuda_sync",
-        choices=SYNC_MODES,
-        default=None,
-        help="debug asynchronous CUDA errors. launch-blocking: set CUDA_LAUNCH_BLOCKING=1 "
-        "before any conftest can create a CUDA context (xdist workers too; restored "
-        "afterwards), so every kernel launch waits for its kernel. per-op: synchronize "
-        "after every torch operation in each test, so the error is raised at the op and "
-        "line that caused it, without a restart.",
-    )
-    group.addoption(
-        "--cuda-on-poison",
-        dest="cuda_on_poison",
-        choices=POISON_ACTIONS,
-        default=None,
-        help="after a test leaves a sticky CUDA error (a device-side assert, an illegal "
-        "address), every later CUDA call in the process fails. continue (default): run "
-        "the remaining tests in a fresh process and merge their results into this report "
-        "(under xdist the worker is replaced); stop: end the run; skip: skip the "
-        "remaining tests of the process.",
-    )
-    group.addoption(
-        "--cuda-rerun-blocking",
-        dest="cuda_rerun_blocking",
-        action="store_true",
-        default=False,
-        help="re-run each test that failed with a CUDA error once, alone, in a fresh "
-        "process with CUDA_LAUNCH_BLOCKING=1, and add the line where it really failed "
-        "to its report.",
-    )
-    group.addoption(
-        "--cuda-internal-resume", dest="cuda_internal_resume", default=None, help=argparse.SUPPRESS
-    )
-    group.addoption(
-        "--cuda-internal-rerun",
-        dest="cuda_internal_rerun",
-        action="store_true",
-        default=False,
-        help=argparse.SUPPRESS,
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -182,8 +114,6 @@ def _restore_env(name: str, value: str | None) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", CUDA_SYNC_MARKER_DOC)
-    config.addinivalue_line("markers", CUDA_NO_SYNC_MARKER_DOC)
     options = _options(config)
     config.stash[_OPTIONS] = options
     config.stash[NOTES] = {}

@@ -671,3 +671,27 @@ def test_under_xdist_the_controller_reports_what_workers_found(
             "*8.0 MiB  cuda:0  test_planted.py::test_leak_large (+8.0 MiB over its start)",
         ]
     )
+
+
+# ---------------------------------------------------------------------------
+# The command-line surface is the entry point's.
+
+
+def test_options_and_markers_stay_known_when_a_mode_is_switched_off(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.cuda_leak_check(tolerance="4KiB")
+        @pytest.mark.cuda_sync
+        def test_marked():
+            pass
+        """
+    )
+    off = ("-p", "no:pytest_cuda.leak_plugin", "-p", "no:pytest_cuda.sync_plugin")
+    result = pytester.runpytest_subprocess("--strict-markers", *off, "--cuda-sync=per-op")
+    result.assert_outcomes(passed=1)
+    markers = pytester.runpytest_subprocess("--markers", *off)
+    markers.stdout.fnmatch_lines(["@pytest.mark.cuda_leak_check(*", "@pytest.mark.cuda_no_sync*"])
