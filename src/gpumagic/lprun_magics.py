@@ -4,7 +4,6 @@ GPU work it launched. Loading gpumagic replaces line_profiler's ``%lprun`` on pu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,38 +16,12 @@ if TYPE_CHECKING:
 
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpumagic.lineprof import LineProfileResult
+    from gpumagic.lineprof_result import LineProfileDisplay
 
-__all__ = ["LineProfileDisplay", "LprunMagics", "register"]
+__all__ = ["LprunMagics", "register"]
 
 _LONG_OPTIONS = ("no-sync", "gpu", "memory")
 display: Callable[..., None] = _display.display
-
-
-@dataclass
-class LineProfileDisplay:
-    """What ``%lprun`` displays: HTML with time bars, and line_profiler's text table."""
-
-    result: LineProfileResult
-    output_unit: float | None = None
-    stripzeros: bool = False
-
-    @property
-    def text(self) -> str:
-        from gpumagic.lineprof_report import render_text
-
-        return render_text(self.result, self.output_unit, self.stripzeros)
-
-    def _repr_html_(self) -> str:
-        from gpumagic.lineprof_report import render_html
-
-        return render_html(self.result, self.output_unit, self.stripzeros)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.text)
-
-    def __repr__(self) -> str:
-        return self.text
 
 
 @magics_class
@@ -102,7 +75,9 @@ class LprunMagics(Magics):
 
         Output is displayed (HTML with time bars, and the text table), not paged.
         """
-        from gpumagic.lineprof import GpuLineProfiler, ProfilerBusy, patched_builtins_profile
+        from gpumagic.lineprof import GpuLineProfiler, patched_builtins_profile
+        from gpumagic.lineprof_install import ProfilerBusy
+        from gpumagic.lineprof_result import LineProfileDisplay
 
         assert self.shell is not None
         # line_profiler's quoting, so that statements behave exactly as under its %lprun.

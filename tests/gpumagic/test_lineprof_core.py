@@ -17,7 +17,9 @@ import pytest
 from fake_cuda_device import FakeDevice
 from line_profiler import LineProfiler
 
-from gpumagic.lineprof import GpuLineProfiler, ProfilerBusy, _peak_above, statement_lines
+from gpumagic.lineprof import GpuLineProfiler
+from gpumagic.lineprof_hook import peak_above, statement_lines
+from gpumagic.lineprof_install import ProfilerBusy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -178,7 +180,7 @@ def test_memory_peak_is_exact_when_the_line_sets_a_new_peak(dev: FakeDevice) -> 
 def test_peak_above_start(
     start: tuple[int, int, int, int], end: tuple[int, int, int, int], expected: tuple[int, bool]
 ) -> None:
-    assert _peak_above(start, end) == expected
+    assert peak_above(start, end) == expected
 
 
 def test_no_sync_while_a_cuda_graph_is_captured(dev: FakeDevice) -> None:

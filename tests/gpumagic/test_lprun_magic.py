@@ -239,6 +239,31 @@ def test_module_option(
     assert run.table("work")["return n + 1"][0] == "1"
 
 
+def test_profiling_a_file_keeps_every_cells_source(
+    shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """line_profiler's table clears linecache before reading a real file; the cells'
+    sources (which no file holds) must survive it."""
+    (tmp_path / "lprun_file_mod.py").write_text("def f(n):\n    return n * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cell(shell, "import inspect, lprun_file_mod")
+    cell(
+        shell,
+        """
+        def work(n):
+            total = 0
+            for i in range(n):
+                total += i
+            return total
+        """,
+    )
+    assert Run(shell, "%lprun -m lprun_file_mod lprun_file_mod.f(10)").result.success
+    run = Run(shell, "%lprun -f work work(10)")
+    assert run.table("work")["total += i"][0] == "10"
+    cell(shell, "source = inspect.getsource(work)")
+    assert "total += i" in shell.user_ns["source"]
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [

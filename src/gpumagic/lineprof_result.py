@@ -9,11 +9,13 @@ before "Line Contents".
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import linecache
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from line_profiler.line_profiler import get_code_block, get_column_widths, is_generated_code
 from line_profiler.toml_config import ConfigSource
@@ -21,9 +23,12 @@ from line_profiler.toml_config import ConfigSource
 from gpumagic.units import format_bytes, format_time
 
 if TYPE_CHECKING:
-    from gpumagic.lineprof import Label, LineExtras, LineProfileResult
+    from collections.abc import Iterator
 
-__all__ = ["notes", "render_html", "render_text"]
+    from gpumagic.lineprof import LineProfileResult
+    from gpumagic.lineprof_hook import Label, LineExtras
+
+__all__ = ["LineProfileDisplay", "cell_sources_kept", "notes", "render_html", "render_text"]
 
 _SYNC_TITLE = (
     "the host waited for the GPU here: a synchronizing CUDA call "
@@ -100,6 +105,25 @@ def notes(result: LineProfileResult) -> list[str]:
     return found
 
 
+@contextlib.contextmanager
+def cell_sources_kept() -> Iterator[None]:
+    """Put back the sources that no file holds (IPython's and Jupyter's cells, kept in
+    :mod:`linecache` with no modification time) if the block clears the cache:
+    line_profiler's table calls ``linecache.clearcache()`` before reading a real file,
+    which would leave every earlier cell without its source for the rest of the session
+    (empty tables, "Could not get source" in tracebacks)."""
+    kept = {
+        name: entry
+        for name, entry in linecache.cache.items()
+        if len(entry) == 4 and entry[1] is None  # not a lazy (1-tuple) entry
+    }
+    try:
+        yield
+    finally:
+        for name, entry in kept.items():
+            linecache.cache.setdefault(name, entry)
+
+
 def render_text(
     result: LineProfileResult, output_unit: float | None = None, stripzeros: bool = False
 ) -> str:
@@ -108,7 +132,8 @@ def render_text(
     if result.gpu_columns or result.memory_columns:
         _show_text(result, stream, output_unit, stripzeros)
     else:
-        result.stats.print(stream, output_unit=output_unit, stripzeros=stripzeros)
+        with cell_sources_kept():
+            result.stats.print(stream, output_unit=output_unit, stripzeros=stripzeros)
     text = stream.getvalue().rstrip()
     lines = notes(result)
     if lines:
@@ -142,8 +167,7 @@ def _show_text(
 
 def _source_lines(filename: str, start: int, linenos: list[int], stream: io.StringIO) -> list[str]:
     if os.path.exists(filename) or is_generated_code(filename):
-        if os.path.exists(filename):
-            linecache.clearcache()
+        linecache.checkcache(filename)  # a file edited since: read it again
         return list(get_code_block(filename, start))
     stream.write("\n")
     stream.write(f"Could not find file {filename}\n")
@@ -386,3 +410,25 @@ def _html_row(
             cells += ["<td></td>"] * 2
     row_class = ' class="sync"' if flagged else ""
     return f'<tr{row_class}>{"".join(cells)}<td class="src">{source}</td></tr>'
+
+
+@dataclass
+class LineProfileDisplay:
+    """What ``%lprun`` displays: HTML with time bars, and line_profiler's text table."""
+
+    result: LineProfileResult
+    output_unit: float | None = None
+    stripzeros: bool = False
+
+    @property
+    def text(self) -> str:
+        return render_text(self.result, self.output_unit, self.stripzeros)
+
+    def _repr_html_(self) -> str:
+        return render_html(self.result, self.output_unit, self.stripzeros)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text)
+
+    def __repr__(self) -> str:
+        return self.text

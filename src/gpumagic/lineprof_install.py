@@ -1,0 +1,198 @@
+"""How ``%lprun``'s boundary hook is put in front of line_profiler's clock.
+
+* Python 3.12+: a :mod:`sys.monitoring` tool with a higher id than line_profiler's
+  (CPython calls tools from the highest id down): :class:`MonitoringInstaller`.
+* Python 3.11, or ``LINE_PROFILER_CORE=legacy``: a trace function wrapped around
+  line_profiler's, which calls it after the hook: :class:`TraceInstaller`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.lineprof_hook import CALIBRATION_CODE, BoundaryHook, calibration_frame
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import CodeType, FrameType
+
+__all__ = [
+    "MonitoringInstaller",
+    "ProfilerBusy",
+    "TraceInstaller",
+    "restore_trace",
+    "uses_legacy_trace",
+]
+
+#: sys.monitoring ids above line_profiler's (``PROFILER_ID`` = 2), tried in order.
+_TOOL_IDS = (3, 4, 5)
+_TOOL_NAME = "gpumagic %lprun"
+
+
+class ProfilerBusy(RuntimeError):
+    """The hook cannot be installed (every usable sys.monitoring tool id is taken)."""
+
+
+class MonitoringInstaller:
+    """Python 3.12+: a sys.monitoring tool whose id is above line_profiler's."""
+
+    kind = "sys.monitoring"
+
+    def __init__(self, hook: BoundaryHook, codes: list[CodeType]) -> None:
+        self.hook = hook
+        self.codes = codes
+        self.tool: int | None = None
+
+    def install(self) -> None:
+        mon: Any = getattr(sys, "monitoring")  # noqa: B009 (absent before 3.12)
+        events = mon.events
+        for tool in _TOOL_IDS:
+            if mon.get_tool(tool) is None:
+                mon.use_tool_id(tool, _TOOL_NAME)
+                self.tool = tool
+                break
+        else:
+            taken = ", ".join(f"{t} ({mon.get_tool(t)})" for t in _TOOL_IDS)
+            raise ProfilerBusy(
+                f"sys.monitoring tool ids {taken} are all taken; gpumagic needs one of them "
+                "to run before line_profiler (id 2). Free one, or use --no-sync."
+            )
+        hook = self.hook
+        boundary = hook.boundary
+        codes = set(self.codes)
+        getframe = sys._getframe
+        clock = time.perf_counter_ns
+
+        def on_line(code: CodeType, line: int) -> None:
+            boundary(clock(), code, line, id(getframe(1)), True)
+
+        def on_exit(code: CodeType, offset: int, value: object) -> None:
+            boundary(clock(), code, 0, id(getframe(1)), False)
+
+        def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
+            if code in codes:
+                if isinstance(exc, KeyboardInterrupt):
+                    hook.interrupted = True
+                boundary(clock(), code, 0, id(getframe(1)), False)
+
+        def calibrate(opening: bool) -> None:
+            if opening:
+                on_line(CALIBRATION_CODE, 1)
+            else:
+                on_exit(CALIBRATION_CODE, 0, None)
+
+        hook.measure_residual(calibrate)
+        tool = self.tool
+        mon.register_callback(tool, events.LINE, on_line)
+        mon.register_callback(tool, events.PY_RETURN, on_exit)
+        mon.register_callback(tool, events.PY_YIELD, on_exit)
+        mon.register_callback(tool, events.RAISE, on_raise)
+        mon.register_callback(tool, events.RERAISE, on_raise)
+        local = events.LINE | events.PY_RETURN | events.PY_YIELD
+        for code in self.codes:
+            mon.set_local_events(tool, code, local)
+        # Exception events cannot be local; line_profiler listens to them globally too.
+        mon.set_events(tool, events.RAISE | events.RERAISE)
+
+    def uninstall(self) -> None:
+        tool = self.tool
+        if tool is None:
+            return
+        mon: Any = getattr(sys, "monitoring")  # noqa: B009 (absent before 3.12)
+        events = mon.events
+        try:
+            mon.set_events(tool, 0)
+            for code in self.codes:
+                mon.set_local_events(tool, code, 0)
+            for event in (
+                events.LINE,
+                events.PY_RETURN,
+                events.PY_YIELD,
+                events.RAISE,
+                events.RERAISE,
+            ):
+                mon.register_callback(tool, event, None)
+        finally:
+            mon.free_tool_id(tool)
+            self.tool = None
+
+
+def _make_local(hook: BoundaryHook, then: Callable[..., Any]) -> Callable[..., Any]:
+    """The frame-local trace function: the hook first, then ``then`` (line_profiler)."""
+    boundary = hook.boundary
+    clock = time.perf_counter_ns
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            boundary(clock(), frame.f_code, frame.f_lineno, id(frame), True)
+        elif event == "return":
+            boundary(clock(), frame.f_code, 0, id(frame), False)
+        elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
+            hook.interrupted = True
+        then(frame, event, arg)
+        return local
+
+    return local
+
+
+class TraceInstaller:
+    """Python 3.11 (and line_profiler's legacy core): a trace function around
+    line_profiler's, which runs the hook first and then calls line_profiler."""
+
+    kind = "sys.settrace"
+
+    def __init__(self, hook: BoundaryHook, codes: list[CodeType]) -> None:
+        self.hook = hook
+        self.codes = frozenset(codes)
+
+    def calibrate(self) -> None:
+        """Measure the hook's unseen cost; before line_profiler is enabled (its trace
+        function would time the calibration itself). Without line_profiler behind the
+        hook, the part of its call before it reads its clock stays billed (a fraction of
+        a µs) rather than its whole call being subtracted."""
+        frame = calibration_frame()
+        bare = _make_local(self.hook, lambda *args: None)
+        self.hook.measure_residual(
+            lambda opening: bare(frame, "line" if opening else "return", None)
+        )
+
+    def install(self) -> None:
+        """Wrap the trace function line_profiler has just installed."""
+        manager: Any = sys.gettrace()
+        if manager is None:
+            raise ProfilerBusy("line_profiler did not install its trace function")
+        codes = self.codes
+        forward_all = bool(getattr(manager, "wrap_trace", False))
+        local = _make_local(self.hook, manager)
+
+        def forward(frame: FrameType, event: str, arg: Any) -> Any:
+            manager(frame, event, arg)
+            return forward
+
+        def on_call(frame: FrameType, event: str, arg: Any) -> Any:
+            if frame.f_code in codes:
+                manager(frame, event, arg)
+                return local
+            if forward_all:
+                manager(frame, event, arg)
+                return forward
+            return None
+
+        sys.settrace(on_call)
+
+    def uninstall(self) -> None:
+        """Nothing to do: line_profiler's own disable puts its predecessor back."""
+
+
+def uses_legacy_trace() -> bool:
+    from line_profiler import _diagnostics
+
+    return bool(getattr(_diagnostics, "USE_LEGACY_TRACE", sys.version_info < (3, 12)))
+
+
+def restore_trace(before: Callable[..., Any] | None) -> None:
+    """line_profiler restores the trace function it found; make sure it did."""
+    if sys.gettrace() is not before:
+        sys.settrace(before)
