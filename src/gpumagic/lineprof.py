@@ -35,7 +35,6 @@ from line_profiler._line_profiler import label as _code_label
 from gpumagic.lineprof_hook import BoundaryHook, CodeInfo, Label, LineExtras, Record
 from gpumagic.lineprof_install import (
     MonitoringInstaller,
-    ProfilerBusy,
     TraceInstaller,
     restore_trace,
     uses_legacy_trace,

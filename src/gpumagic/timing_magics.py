@@ -29,10 +29,10 @@ from gpumagic.timing import (
     TimingOptions,
     check_device,
     device_scope,
-    parse_amount,
     settle,
     time_cuda,
 )
+from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
     import argparse

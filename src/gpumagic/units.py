@@ -1,16 +1,26 @@
 """Units, read and written the same way everywhere: memory sizes, compute capabilities,
-durations, and the quantile that medians and spreads come from. Pure functions."""
+durations, counts (``parse_amount``), and the quantile that medians and spreads come
+from. Pure functions."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import math
 import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-__all__ = ["format_bytes", "format_time", "parse_capability", "parse_size", "quantile"]
+__all__ = [
+    "format_bytes",
+    "format_time",
+    "parse_amount",
+    "parse_capability",
+    "parse_size",
+    "quantile",
+]
 
 
 _SIZE_UNITS = {
@@ -104,3 +114,49 @@ def format_time(seconds: float | None, precision: int = 3) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.{precision}g} {unit}"
     return f"{seconds / 1e-9:.{precision}g} ns"
+
+
+_OPERATORS: dict[type, Callable[[float, float], float]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
+
+
+def parse_amount(text: str, *, sizes: bool = False) -> float:
+    """A positive count from ``"1.2e12"``, ``"2*4096**3"`` or, with ``sizes``, ``"3GiB"``.
+
+    Only numbers and ``+ - * / **`` are evaluated; :class:`ValueError` says what is accepted.
+    """
+    accepted = "a number or arithmetic of numbers such as 2*4096**3"
+    if sizes:
+        accepted += ", or a size such as 512MiB"
+        with contextlib.suppress(ValueError):
+            if text.strip() and not text.strip()[-1].isdigit():
+                return float(parse_size(text))
+
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            inner = value(node.operand)
+            return -inner if isinstance(node.op, ast.USub) else inner
+        if isinstance(node, ast.BinOp):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow):
+                if abs(right) > 64:
+                    raise ValueError("exponent too large")
+                return float(left**right)
+            operator = _OPERATORS.get(type(node.op))
+            if operator is not None:
+                return operator(left, right)
+        raise ValueError(type(node).__name__)
+
+    try:
+        result = value(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise ValueError(f"{text!r} is not a count: use {accepted}") from exc
+    if not (result > 0 and math.isfinite(result)):
+        raise ValueError(f"{text!r} is not a positive count: use {accepted}")
+    return result

@@ -1,8 +1,8 @@
 """The measurement engine through plain calls: on the host (this machine), and its GPU
 branches against a stand-in for the GPU seam whose "events" read the host clock.
 
-The stand-in only replaces ``gpumagic.timing.cuda`` (the one seam); the real GPU runs of
-the same branches are in ``test_timing_gpu.py``.
+The stand-in only replaces the seam (``gpumagic.cuda``) where the engine's modules use
+it; the real GPU runs of the same branches are in ``test_timing_gpu.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from fake_clock import FakeClock
 
-from gpumagic import cuda, timing
+from gpumagic import cuda, timing, timing_plan, timing_runs
 from gpumagic.cuda import runtime
 from gpumagic.devices import CudaStatus, DeviceInfo
-from gpumagic.timing import TimingOptions, parse_amount, time_cuda
+from gpumagic.timing import TimingOptions, time_cuda
+from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -268,7 +269,8 @@ class FakeSeam:
 @pytest.fixture
 def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
     fake = FakeSeam()
-    monkeypatch.setattr(timing, "cuda", fake)
+    for module in (timing, timing_runs):  # the entry point and the runs
+        monkeypatch.setattr(module, "cuda", fake)
     return fake
 
 
@@ -357,7 +359,7 @@ def test_graph_mode_replays_an_unrolled_capture(seam: FakeSeam) -> None:
     assert result.mode == "graph"
     captured = [line for line in seam.log if line.startswith("captured")]
     unroll = int(captured[0].split()[1])
-    assert 1 < unroll <= timing.GRAPH_MAX_UNROLL
+    assert 1 < unroll <= timing_plan.GRAPH_MAX_UNROLL
     assert result.loops % unroll == 0
     assert any(n.startswith(f"--graph: {unroll} loops captured") for n in result.notes)
 
@@ -474,7 +476,7 @@ def test_noise_stop_ends_a_steady_measurement_early(seam: FakeSeam) -> None:
     seam.fixed_span = 1e-3
     started = time.perf_counter()
     result = time_cuda(counting(seam, 100e-6), TimingOptions(budget=30.0))
-    assert result.repeat == timing.MIN_RUNS
+    assert result.repeat == timing_plan.MIN_RUNS
     assert result.iqr == 0
     assert time.perf_counter() - started < 10
 

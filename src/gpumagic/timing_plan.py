@@ -1,0 +1,265 @@
+"""What ``%cudatime`` asks for and decides: its options, and the pure rules the engine
+(:mod:`gpumagic.timing`) follows: how long a run is, when to stop, what to warn about,
+and the verdict.
+
+Pure: no CUDA, no clock, no IPython. Every function takes what it decides on and
+returns its decision, so each rule is tested on numbers alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gpumagic.timing_result import FIRST_CALL_WARNING, TIMES
+from gpumagic.units import format_time, quantile
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from gpumagic.timing_result import CudaTimeResult
+
+__all__ = [
+    "Body",
+    "Run",
+    "TimingOptions",
+    "block_target",
+    "enough_runs",
+    "loops_for",
+    "rel_iqr",
+    "side_work",
+    "unroll_for",
+    "verdict",
+    "warnings_for",
+]
+
+SIDE_WORK_MIN = 100e-6  # a device sync this much slower than when idle: side-stream work
+SIDE_WORK_SHARE = 0.05  # ... and at least this share of the timed streams' time
+MIN_RUNS = 7  # runs before the noise criterion may stop a measurement (as %timeit's 7)
+MIN_COLD_RUNS = 15  # single cold calls vary more: more of them before the noise stop
+DRIFT = 0.05  # warn when the first run was this much faster than the later ones
+FEWEST_RUNS = 3  # runs measured even when the budget is spent
+NOISE_TARGET = 0.01  # stop when IQR / median of the runs is below this
+COLD_NOISE_TARGET = 0.02  # single cold calls vary more
+NOISY = 0.10  # warn above this relative IQR (torch.utils.benchmark uses 10 %)
+FLOOR_FACTOR = 5  # warn when the result is within this many timing floors
+FIRST_CALL_FACTOR = FIRST_CALL_WARNING  # warn when the first call took this many times longer
+GRAPH_REPLAY_TARGET = 2e-3  # GPU seconds per graph replay, for the unroll factor
+GRAPH_MAX_UNROLL = 256
+CUDA_OPTIONS = ("cold", "graph", "kernels", "validate", "sync_check")
+
+
+class Body(Protocol):
+    """The timed code: ``body(n)`` runs it ``n`` times back to back."""
+
+    def __call__(self, n: int, /) -> object: ...
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """What ``%cudatime``'s options ask for. ``ValueError`` names a bad value."""
+
+    loops: int | None = None
+    repeat: int | None = None
+    warmup: int | None = None
+    budget: float = 1.0
+    precision: int = 3
+    cold: bool = False
+    graph: bool = False
+    kernels: bool = False
+    validate: bool = False
+    sync_check: bool = False
+    device: int | None = None
+    host_only: bool = False
+    flops: float | None = None
+    bytes: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("loops", 1), ("repeat", 1), ("warmup", 0), ("precision", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
+        if not (self.budget > 0 and math.isfinite(self.budget)):
+            raise ValueError(f"the budget must be a positive number of seconds, got {self.budget}")
+        for name in ("flops", "bytes"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number, got {value}")
+        if self.device is not None and self.device < 0:
+            raise ValueError(f"the device index must be 0 or more, got {self.device}")
+
+    def cuda_only(self) -> list[str]:
+        """The options given that need CUDA, as the user typed them."""
+        given = ["--" + n.replace("_", "-") for n in CUDA_OPTIONS if getattr(self, n)]
+        if self.device is not None:
+            given.append(f"--device {self.device}")
+        return given
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run: ``loops`` calls; times in seconds for the whole run."""
+
+    loops: int
+    gpu: float
+    host: float
+    enqueue: float
+    # Host seconds from the timed streams' end (polled, so no wake-up latency) to the
+    # devices' idle: other streams' work the timed streams did not wait for.
+    tail: float = 0.0
+
+    @property
+    def per_loop(self) -> float:
+        """The longer of the two clocks, per loop (the GPU's is NaN on the host)."""
+        gpu = 0.0 if math.isnan(self.gpu) else self.gpu
+        return max(self.host, gpu) / max(self.loops, 1)
+
+
+# -- sizing ----------------------------------------------------------------------------
+
+
+def block_target(budget: float) -> float:
+    """Seconds one run should take: 1/25 of the budget, within 2 ms and 250 ms."""
+    return min(max(budget / 25, 2e-3), 0.25)
+
+
+def unroll_for(per_loop: float) -> int:
+    """Loops captured in one CUDA graph, so a replay takes about 2 ms."""
+    if per_loop <= 0:
+        return GRAPH_MAX_UNROLL
+    return max(1, min(GRAPH_MAX_UNROLL, math.ceil(GRAPH_REPLAY_TARGET / per_loop)))
+
+
+def loops_for(options: TimingOptions, per_loop: float, unroll: int) -> tuple[int, str | None]:
+    """Loops per run (``-n``, or enough for :func:`block_target`), a multiple of
+    ``unroll``; and a note when ``-n`` had to be rounded up to one."""
+    if options.loops is not None:
+        loops = options.loops
+    else:
+        target = block_target(options.budget)
+        loops = max(1, round(target / per_loop)) if per_loop > 0 else 1000
+    note = None
+    if loops % unroll:
+        loops += unroll - loops % unroll
+        if options.loops is not None:
+            note = f"-n rounded up to {loops}, a multiple of the {unroll} loops in the graph"
+    return loops, note
+
+
+# -- stopping --------------------------------------------------------------------------
+
+
+def rel_iqr(values: Sequence[float]) -> float:
+    """IQR / median; infinite when the median is not positive."""
+    median = quantile(values, 0.5)
+    if not median > 0:
+        return math.inf
+    return (quantile(values, 0.75) - quantile(values, 0.25)) / median
+
+
+def enough_runs(
+    options: TimingOptions, values: Sequence[float], *, now: float, next_run: float, deadline: float
+) -> bool:
+    """Whether to stop after these runs (``values``: their primary clock): ``-r`` runs
+    done; or enough runs with a relative IQR under the noise target; or the next run
+    (taking ``next_run`` seconds from ``now``) would end after the ``deadline`` and the
+    fewest runs are in."""
+    if options.repeat is not None:
+        return len(values) >= options.repeat
+    noise = COLD_NOISE_TARGET if options.cold else NOISE_TARGET
+    fewest = MIN_COLD_RUNS if options.cold else MIN_RUNS
+    if len(values) >= fewest and rel_iqr(values) <= noise:
+        return True
+    return len(values) >= FEWEST_RUNS and now + next_run > deadline
+
+
+def side_work(runs: Sequence[Run], baseline_tail: float) -> list[float] | None:
+    """Per-run GPU time through the devices' idle, if most runs left work on other
+    streams that the timed streams did not wait for; else ``None``.
+
+    Once the timed streams have passed their end events, a device sync returns after
+    its usual latency (``baseline_tail``, measured on idle devices) unless other
+    streams still run. Work the timed streams waited for (a joined side stream,
+    cuBLAS's memset and GEMM) ends before the end events and adds nothing; a few tens
+    of microseconds of host noise are not side work, hence the margin.
+    """
+    flagged = 0
+    extra = []
+    for r in runs:
+        late = r.tail - baseline_tail
+        if late > max(SIDE_WORK_MIN, SIDE_WORK_SHARE * r.gpu):
+            flagged += 1
+        extra.append(max(0.0, late))
+    if flagged * 2 <= len(runs):
+        return None
+    return [r.gpu + e for r, e in zip(runs, extra, strict=True)]
+
+
+# -- what to tell the user -------------------------------------------------------------
+
+
+def warnings_for(result: CudaTimeResult) -> list[str]:
+    """Spread, a slow first call, a fast first run, a result near the timing floor."""
+    warn = []
+    if result.repeat >= 3 and result.rel_iqr > NOISY:
+        warn.append(
+            f"the spread is large: IQR is {result.rel_iqr * 100:.0f} % of the median (other "
+            "work on the GPU or host, clock changes, or work that varies between calls)"
+        )
+    steady = result.host_time
+    first = result.first_call
+    if first is not None and first > 1e-3 and first > FIRST_CALL_FACTOR * steady:
+        warn.append(
+            f"the first call took {format_time(first)}, {first / steady:,.0f}{TIMES} the "
+            "steady state (compilation, autotuning, cuBLAS heuristics or lazy loading); it is "
+            "not in the numbers"
+        )
+    values = result.timings
+    if len(values) >= 5:
+        later = quantile(values[len(values) // 2 :], 0.5)
+        if later > 0 and (later - values[0]) / later > DRIFT:
+            warn.append(
+                f"the first run was {(later - values[0]) / later * 100:.0f} % faster than the "
+                "later ones: clocks drop under sustained load (power or thermal limits) and "
+                "recover after idling; the median describes the sustained state"
+            )
+    if result.floor and result.median < FLOOR_FACTOR * result.floor:
+        warn.append(
+            f"the time per loop is within {FLOOR_FACTOR}{TIMES} of the timing floor "
+            f"({format_time(result.floor)} per loop here): use more loops (-n)"
+            + (" or --graph" if result.clock == "gpu" and result.mode == "eager" else "")
+        )
+    return warn
+
+
+def verdict(
+    result: CudaTimeResult, runs: Sequence[Run], *, gpu_work: bool = True
+) -> tuple[str, str | None]:
+    """``(verdict, note)`` for a finished measurement (either may be empty).
+
+    ``gpu_work=False``: the body never initialised CUDA. With kernel figures
+    (``--kernels``), how busy the GPU was decides; for an eager GPU measurement without
+    them, a host that spent most of the wall time launching gets a note.
+    """
+    if not gpu_work:
+        return "no GPU work was launched", None
+    if result.kernel_time is not None:
+        busy = result.busy_fraction or 0.0
+        if result.kernel_time == 0:
+            return "no GPU work was launched (CPU tensors?)", None
+        if busy >= 0.8:
+            return f"GPU-bound: GPU busy {busy * 100:.0f} % of wall time", None
+        if busy < 0.5:
+            return f"launch/CPU-bound: GPU busy {busy * 100:.0f} % of wall time", None
+        return f"partly launch/CPU-bound: GPU busy {busy * 100:.0f} % of wall time", None
+    if result.clock != "gpu" or result.mode != "eager" or not runs:
+        return "", None
+    launching = quantile([r.enqueue / r.host for r in runs if r.host > 0], 0.5)
+    if launching >= 0.9:
+        return "", (
+            f"The host spent {launching * 100:.0f} % of the wall time launching: likely "
+            "launch/CPU-bound (the GPU waits for the host); --kernels measures how busy "
+            "the GPU was."
+        )
+    return "", None

@@ -1,0 +1,553 @@
+"""The runs behind a ``%cudatime`` measurement: the first call, warm-up, runs of
+back-to-back calls between CUDA events (or host clock reads), CUDA graph replays,
+cold-L2 single calls, and the optional ``--kernels`` / ``--sync-check`` passes.
+
+Called by :func:`gpumagic.timing.time_cuda`, which decides the verdict; the rules for
+sizing, stopping and warnings are :mod:`gpumagic.timing_plan`'s. CUDA only through
+:mod:`gpumagic.cuda`; no IPython.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import linecache
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gpumagic import cuda
+from gpumagic.timing_plan import (
+    MIN_RUNS,
+    Body,
+    Run,
+    TimingOptions,
+    block_target,
+    enough_runs,
+    loops_for,
+    side_work,
+    unroll_for,
+    warnings_for,
+)
+from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite
+from gpumagic.units import format_time, quantile
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+__all__ = ["Measured", "Setup", "Timer"]
+
+SPIN_US = 30.0  # spin kernel ahead of each run's start events
+WARMUP_SHARE = 0.25  # of the budget, at most, for warm-up
+STEADY = 0.10  # two warm-up batches this close count as steady
+MAX_RESIZES = 3  # times the runs may be resized when a run is far from the target length
+PROFILE_TARGET = 0.1  # seconds of body time under the profiler
+PROFILE_MAX_LOOPS = 1000
+SYNC_CHECK_LOOPS = 10
+COLD_PASS_LOOPS = 20  # single cold calls profiled / sync-checked
+SYNC_CHECK_TARGET = 0.5
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one measurement is given, fixed for its whole length."""
+
+    body: Body
+    options: TimingOptions
+    label: str
+    code_files: tuple[str, ...]
+    compile_time: float
+    clock: Callable[[], float]
+
+
+class Measured(NamedTuple):
+    """A measurement before its verdict: the result, the runs behind it, and whether
+    the body launched GPU work at all."""
+
+    result: CudaTimeResult
+    runs: Sequence[Run]
+    gpu_work: bool = True
+
+
+@dataclass
+class _Report:
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    def interrupt(self, where: str) -> None:
+        self.interrupted = True
+        self.warnings.append(f"interrupted (Ctrl-C) {where}: these are the results so far")
+
+
+class Timer:
+    """One measurement's moving parts. Set once: the :class:`Setup`; the devices and
+    their calibration (:meth:`_gpu`, :meth:`_calibrate`). Grown as it runs: the report
+    and the body's own exception (told apart from ours)."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.options = setup.options
+        self.clock = setup.clock
+        self.report = _Report()
+        self.body_error: BaseException | None = None
+        self.runner: Body = self.call  # the body, or replays of its CUDA graph
+        self.devices: list[int] = []
+        self.device = 0
+        self.baseline_tail = 0.0
+        self.floor = 0.0
+        self.began = 0.0
+
+    # -- the body, and telling its exceptions from ours ---------------------------------
+    def call(self, n: int) -> None:
+        try:
+            self.setup.body(n)
+        except BaseException as exc:
+            if not isinstance(exc, KeyboardInterrupt):
+                self.body_error = exc
+            raise
+
+    def host_only(self, why: str) -> Measured:
+        """Time on the host (``--device cpu``, or no GPU here: ``why``)."""
+        self._cuda_options_ignored(why)
+        self.report.notes.append(f"Timed on the host like %timeit ({why}).")
+        return self._host(first_call=None)
+
+    def _cuda_options_ignored(self, why: str) -> None:
+        for flag in self.options.cuda_only():
+            self.report.warnings.append(f"{flag} needs CUDA ({why}): not used")
+
+    # -- host timing ------------------------------------------------------------------
+    def _host_run(self, n: int) -> Run:
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            t0 = self.clock()
+            self.call(n)
+            elapsed = self.clock() - t0
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return Run(n, float("nan"), elapsed, elapsed)
+
+    def _host(self, first_call: float | None) -> Measured:
+        if first_call is None:
+            t0 = self.clock()
+            self.call(1)
+            first_call = self.clock() - t0
+        self.began = self.clock()
+        per_loop = self._warm_up(self._host_run)
+        loops = self._loops(self._host_run, 1, per_loop)
+        self.floor = self._host_floor()
+        runs = self._runs(self._host_run, loops, primary="host")
+        return Measured(self._result(runs, clock="host", mode="eager", first_call=first_call), runs)
+
+    def _host_floor(self) -> float:
+        times = []
+        for _ in range(5):
+            t0 = self.clock()
+            self.clock()
+            times.append(self.clock() - t0)
+        return quantile(times, 0.5)
+
+    # -- GPU timing -------------------------------------------------------------------
+    def gpu(self) -> Measured:
+        """Time on the GPU, or on the host when the body launches no GPU work."""
+        options = self.options
+        t0 = self.clock()
+        self.call(1)
+        if not cuda.is_initialized():
+            first_call = self.clock() - t0
+            self._cuda_options_ignored("the body launched no GPU work")
+            self.report.notes.append(
+                "The body never initialised CUDA, so it launched no GPU work (CPU tensors?): "
+                "timed on the host like %timeit."
+            )
+            return self._host(first_call=first_call)._replace(gpu_work=False)
+        self.device = options.device if options.device is not None else cuda.current_device()
+        self.devices = cuda.context_devices(self.device)
+        cuda.synchronize(self.devices)
+        first_call = self.clock() - t0
+        streams = cuda.current_streams(self.devices)
+        try:
+            measured = self._gpu_measure(first_call)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cuda.synchronize(self.devices)
+            with contextlib.suppress(Exception):
+                cuda.restore_streams(streams)
+            raise
+        cuda.synchronize(self.devices)
+        cuda.restore_streams(streams)
+        return measured
+
+    def _gpu_measure(self, first_call: float) -> Measured:
+        options = self.options
+        self.began = self.clock()
+        self._calibrate()
+        mode = "eager"
+        per_loop = self._warm_up(self._block)
+        unroll = 1
+        if options.graph:
+            graph = self._capture(per_loop)
+            if graph is not None:
+                self.runner, unroll = graph
+                mode = "graph"
+        if options.cold:
+            buffer = self._flush_buffer()
+            if buffer is not None:
+                return self._cold(buffer, first_call, mode)
+        measure = self._block
+        loops = self._loops(measure, unroll, per_loop if mode == "eager" else None)
+        runs = self._runs(measure, loops, primary="gpu", unroll=unroll)
+        result = self._result(runs, clock="gpu", mode=mode, first_call=first_call)
+        self._extra_passes(result, measure, loops, unroll)
+        return Measured(result, runs)
+
+    def _calibrate(self) -> None:
+        """The idle devices' sync latency and the event floor, from empty runs."""
+        runs = [self._block(0) for _ in range(5)]
+        self.baseline_tail = quantile([r.tail for r in runs], 0.5)
+        self.floor = quantile([r.gpu for r in runs], 0.5) + 0.5e-6  # event quantum
+
+    def _block(self, n: int, spin: bool = True) -> Run:
+        run = self.runner
+        devices = self.devices
+        cuda.synchronize(devices)
+        if spin:
+            for d in devices:
+                cuda.spin(d, SPIN_US)
+        starts = [cuda.record_event(d) for d in devices]
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            t0 = self.clock()
+            run(n)
+            t_enqueued = self.clock()
+            ends, t_end, t1 = self._finish()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
+        return Run(n, max(spans), t1 - t0, t_enqueued - t0, t1 - t_end)
+
+    def _finish(self) -> tuple[list[Any], float, float]:
+        """End events on the timed streams; returns them, the host time they were seen
+        passed (polled: no wake-up latency) and the time the devices were idle."""
+        devices = self.devices
+        ends = [cuda.record_event(d) for d in devices]
+        for end in ends:
+            while not cuda.event_completed(end):
+                pass
+        t_end = self.clock()
+        cuda.synchronize(devices)
+        return ends, t_end, self.clock()
+
+    # -- warm-up and run sizing -------------------------------------------------------
+    def _warm_up(self, measure: Callable[[int], Run]) -> float:
+        """Warm up; returns the estimated wall time per loop."""
+        options = self.options
+        if options.warmup is not None:
+            if options.warmup:
+                self.call(options.warmup)
+            return measure(1).per_loop
+        target = block_target(options.budget)
+        n, previous, settled = 1, None, False
+        start = self.clock()
+        while True:
+            r = measure(n)
+            per = r.per_loop
+            settled = previous is not None and abs(per - previous) <= STEADY * previous
+            spent = self.clock() - start
+            if settled or spent >= WARMUP_SHARE * options.budget:
+                break
+            previous = per
+            if r.host < target / 2:  # batches grow until they are about a run long
+                n *= 2
+        if not settled and previous is not None:
+            self.report.warnings.append(
+                f"warm-up did not settle within {format_time(spent)}: the time per loop still "
+                f"changed by {abs(per - previous) / previous * 100:.0f} % between batches; "
+                "give it more with -w or --budget"
+            )
+        return per
+
+    def _loops(self, measure: Callable[[int], Run], unroll: int, per_loop: float | None) -> int:
+        if per_loop is None:  # graph replays: time one replay for the estimate
+            measure(unroll)
+            r = measure(unroll)
+            per_loop = max(r.host, r.gpu) / unroll
+        loops, note = loops_for(self.options, per_loop, unroll)
+        if note:
+            self.report.notes.append(note)
+        return loops
+
+    def _runs(
+        self,
+        measure: Callable[[int], Run],
+        loops: int,
+        primary: str,
+        unroll: int = 1,
+        fixed: bool = False,
+    ) -> list[Run]:
+        """Runs of ``loops`` loops until :func:`~gpumagic.timing_plan.enough_runs`.
+
+        While ``-n`` is not given, a run far from the target length (the warm-up estimate
+        was off: the body was still getting faster, say) resizes the runs and starts over.
+        """
+        options = self.options
+        runs: list[Run] = []
+        deadline = self.began + options.budget
+        target = block_target(options.budget)
+        resizes = MAX_RESIZES if fixed or options.loops is not None else 0
+        try:
+            while True:
+                run = measure(loops)
+                per = run.per_loop
+                off = run.host < target / 4 or (run.host > 4 * target and loops > unroll)
+                if resizes < MAX_RESIZES and off and per > 0:
+                    resizes += 1
+                    loops = max(unroll, round(target / per / unroll) * unroll)
+                    runs.clear()
+                    continue
+                runs.append(run)
+                values = [r.gpu if primary == "gpu" else r.host for r in runs]
+                if enough_runs(
+                    options, values, now=self.clock(), next_run=run.host, deadline=deadline
+                ):
+                    break
+        except KeyboardInterrupt:
+            if not runs:
+                raise
+            self.report.interrupt(f"after {len(runs)} run{'s' if len(runs) > 1 else ''}")
+        if options.repeat is None and len(runs) < MIN_RUNS and not self.report.interrupted:
+            self.report.notes.append(
+                f"Only {len(runs)} runs fit in the budget of {options.budget:g} s (--budget): "
+                f"a run takes {format_time(quantile([r.host for r in runs], 0.5))}."
+            )
+        return runs
+
+    # -- CUDA graphs --------------------------------------------------------------------
+    def _capture(self, per_loop: float) -> tuple[Body, int] | None:
+        unroll = 1 if self.options.cold else unroll_for(per_loop)
+        try:
+            replay = cuda.capture_graph(self.call, unroll, self.device)
+        except cuda.GraphCaptureError as exc:
+            self.report.warnings.append(f"--graph: capture failed, timed eagerly instead: {exc}")
+            return None
+
+        def replays(n: int) -> None:
+            for _ in itertools.repeat(None, n // unroll):
+                replay()
+
+        self.report.notes.append(
+            f"--graph: {unroll} loop{'s' if unroll > 1 else ''} captured in one CUDA graph; "
+            f"eager warm-up measured {format_time(per_loop)} per loop with launches."
+        )
+        return replays, unroll
+
+    # -- cold L2 -------------------------------------------------------------------------
+    def _flush_buffer(self) -> Any:
+        try:
+            return cuda.l2_flush_buffer(self.device)
+        except Exception as exc:  # an out-of-memory error must not lose the measurement
+            self.report.warnings.append(f"--cold: no memory for the L2 flush buffer ({exc})")
+            return None
+
+    def _cold_run(self, buffer: Any) -> Run:
+        runner = self.runner
+        devices = self.devices
+        # GPU time: flush, then the start event queued behind it, so neither the flush nor
+        # the launch latency of the body is inside the interval.
+        cuda.synchronize(devices)
+        cuda.flush_l2(buffer)
+        starts = [cuda.record_event(d) for d in devices]
+        runner(1)
+        ends, t_end, t_idle = self._finish()
+        spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
+        # Host time: the flush finished first, so the wait is the body's own.
+        cuda.flush_l2(buffer)
+        cuda.synchronize(devices)
+        t0 = self.clock()
+        runner(1)
+        t_enqueued = self.clock()
+        cuda.synchronize(devices)
+        host = self.clock() - t0
+        return Run(1, max(spans), host, t_enqueued - t0, t_idle - t_end)
+
+    def _cold(self, buffer: Any, first_call: float, mode: str) -> Measured:
+        def measure(n: int) -> Run:
+            return self._cold_run(buffer)
+
+        mode = "cold graph" if mode == "graph" else "cold"
+        runs = self._runs(measure, 1, primary="gpu", fixed=True)
+        result = self._result(runs, clock="gpu", mode=mode, first_call=first_call)
+        self.report.notes.append(
+            f"--cold: {buffer.numel() * buffer.element_size() >> 20} MiB overwritten before "
+            "each call, outside the timed interval; each run is a single call."
+        )
+
+        def profiled_measure(n: int) -> Run:
+            total = Run(0, 0.0, 0.0, 0.0)
+            for _ in range(n):
+                r = self._cold_profiled_call(buffer)
+                total = Run(total.loops + 1, total.gpu + r.gpu, 0.0, 0.0)
+            return total
+
+        self._extra_passes(result, profiled_measure, COLD_PASS_LOOPS, 1, flushes=True)
+        return Measured(result, runs)
+
+    def _cold_profiled_call(self, buffer: Any) -> Run:
+        cuda.flush_l2(buffer)
+        start = cuda.record_event(self.device)
+        self.runner(1)
+        end = cuda.record_event(self.device)
+        cuda.synchronize(self.devices)
+        return Run(1, cuda.elapsed_ms(start, end) / 1e3, 0.0, 0.0)
+
+    # -- optional passes ------------------------------------------------------------------
+    def _extra_passes(
+        self,
+        result: CudaTimeResult,
+        measure: Callable[[int], Run],
+        loops: int,
+        unroll: int,
+        flushes: bool = False,
+    ) -> None:
+        options = self.options
+        try:
+            if options.kernels or options.validate:
+                self._kernel_pass(result, measure, loops, unroll, flushes)
+            if options.sync_check:
+                self._sync_pass(result, loops)
+        except KeyboardInterrupt:
+            self.report.interrupt("during the optional passes")
+        result.interrupted = self.report.interrupted
+
+    def _kernel_pass(
+        self,
+        result: CudaTimeResult,
+        measure: Callable[[int], Run],
+        loops: int,
+        unroll: int,
+        flushes: bool,
+    ) -> None:
+        per_loop = max(result.host_time, result.median)
+        count = int(min(loops, PROFILE_MAX_LOOPS, max(1, PROFILE_TARGET / max(per_loop, 1e-9))))
+        count = max(unroll, count - count % unroll)
+        box: dict[str, Run] = {}
+
+        def work() -> None:
+            if flushes:
+                box["run"] = measure(count)
+            else:
+                box["run"] = self._block(count, spin=False)
+
+        try:
+            profile = cuda.profile_kernels(
+                lambda: measure(unroll), work, self.devices, flushes=count if flushes else 0
+            )
+        except Exception as exc:
+            if exc is self.body_error:
+                raise
+            self.report.warnings.append(f"--kernels: torch.profiler failed ({exc!r})")
+            return
+        if flushes and profile.flushes_removed != count:
+            self.report.warnings.append(
+                f"--cold: {profile.flushes_removed} of {count} L2 flushes could be told apart "
+                "in the CUPTI record; the kernel figures may include the rest"
+            )
+        if profile.busy_us == 0 and result.mode != "eager":
+            # The graph was not empty when captured: CUPTI missed its kernels.
+            self.report.warnings.append(
+                "--kernels: CUPTI recorded no kernels for the CUDA graph replays; "
+                "run without --graph for kernel figures"
+            )
+            return
+        result.kernel_loops = count
+        result.kernel_time = profile.busy_us * 1e-6 / count
+        result.kernel_span = profile.span_us * 1e-6 / count if profile.span_us else None
+        result.kernels = [
+            KernelStat(name, calls / count, us * 1e-6 / count)
+            for name, calls, us in profile.kernels
+        ]
+        # Busy against the wall time of the same loops: both in the same clock state.
+        wall = box["run"].host / count if box["run"].host > 0 else result.host_time
+        if wall > 0:
+            result.busy_fraction = min(1.0, result.kernel_time / wall)
+        events = box["run"].gpu / count
+        if self.options.validate:
+            result.cupti_events_time = events
+            if result.kernel_time > 0:
+                result.cupti_ratio = events / result.kernel_time
+
+    def _sync_pass(self, result: CudaTimeResult, loops: int) -> None:
+        per_loop = max(result.host_time, 1e-9)
+        count = max(1, min(loops, SYNC_CHECK_LOOPS, int(SYNC_CHECK_TARGET / per_loop)))
+        try:
+            events = cuda.catch_syncs(lambda: self.call(count), self.setup.code_files)
+        finally:
+            cuda.synchronize(self.devices)
+        sites: dict[tuple[str, str, int], int] = {}
+        for e in events:
+            key = (e.op, e.filename, e.lineno)
+            sites[key] = sites.get(key, 0) + 1
+        result.syncs_per_loop = len(events) / count
+        result.sync_sites = [
+            SyncSite(op, self._where(filename, lineno), _source(filename, lineno), n / count)
+            for (op, filename, lineno), n in sorted(sites.items(), key=lambda kv: -kv[1])
+        ]
+
+    def _where(self, filename: str, lineno: int) -> str:
+        if filename in self.setup.code_files:
+            return f"line {lineno}"
+        return f"{os.path.basename(filename)}:{lineno}"
+
+    # -- the result ---------------------------------------------------------------------
+    def _result(
+        self, runs: Sequence[Run], *, clock: str, mode: str, first_call: float | None
+    ) -> CudaTimeResult:
+        loops = runs[0].loops
+        status = cuda.status()
+        primary = [r.host for r in runs]
+        side = False
+        if clock == "gpu":
+            wide = side_work(runs, self.baseline_tail)
+            side = wide is not None
+            primary = wide if wide is not None else [r.gpu for r in runs]
+        result = CudaTimeResult(
+            loops=loops,
+            repeat=len(runs),
+            all_runs=primary,
+            host_runs=[r.host for r in runs],
+            clock=clock,
+            mode=mode,
+            compile_time=self.setup.compile_time,
+            first_call=first_call,
+            label=self.setup.label,
+            devices=list(self.devices),
+            torch_version=status.torch_version,
+            cuda_version=status.cuda_version,
+            floor=self.floor / loops,
+            side_streams=side,
+            precision=self.options.precision,
+            flops=self.options.flops,
+            bytes=self.options.bytes,
+        )
+        if clock == "gpu":
+            peaks = cuda.device_peaks(self.device)
+            result.device_index = self.device
+            result.device_name = peaks.name
+            result.peak_flops = peaks.tensor_flops
+            result.peak_flops_basis = peaks.flops_basis
+            result.peak_bytes_per_s = peaks.dram_bytes_per_s
+        self.report.warnings.extend(warnings_for(result))
+        result.warnings = self.report.warnings
+        result.notes = self.report.notes
+        result.interrupted = self.report.interrupted
+        return result
+
+
+def _source(filename: str, lineno: int) -> str:
+    return linecache.getline(filename, lineno).strip()
