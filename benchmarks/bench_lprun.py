@@ -240,7 +240,7 @@ def main() -> int:
     attr: dict[str, list[dict[str, float]]] = {k: [] for k in attribution_kinds}
     over: dict[str, list[dict[str, float]]] = {k: [] for k in overhead_kinds}
     launch: dict[str, list[float]] = {k: [] for k in launch_kinds}
-    syncs: dict[str, list[float]] = {"torch.cuda.synchronize()": [], "seam synchronize_each": []}
+    syncs: dict[str, list[float]] = {"torch.cuda.synchronize()": [], "seam synchronize": []}
     for trial in range(args.trials):
         kernel = cupti_matmul_ms()
         cupti.append(kernel)
@@ -255,7 +255,7 @@ def main() -> int:
             emit({"kind": "overhead", "trial": trial, "profiler": kind, **found})
         torch.cuda.synchronize()
         syncs["torch.cuda.synchronize()"].append(median_us(torch.cuda.synchronize))
-        syncs["seam synchronize_each"].append(median_us(lambda: cuda.synchronize_each((0,))))
+        syncs["seam synchronize"].append(median_us(lambda: cuda.synchronize((0,))))
         emit({"kind": "idle_sync_us", "trial": trial, **{k: v[-1] for k, v in syncs.items()}})
         for kind in launch_kinds:
             ms = launch_bound(kind)
@@ -298,7 +298,7 @@ def main() -> int:
     per_hit = {kind: [r["wall_s"] / r["hits"] * 1e6 for r in over[kind]] for kind in overhead_kinds}
     base = per_hit["unprofiled"]
     sync_us = med(syncs["torch.cuda.synchronize()"])
-    raw_sync_us = med(syncs["seam synchronize_each"])
+    raw_sync_us = med(syncs["seam synchronize"])
     for kind in ("line_profiler", "gpumagic"):
         extra = [p - b for p, b in zip(per_hit[kind], base, strict=True)]
         target = f"<= {sync_us + 1.5:.2f} µs (one sync + 1.5)" if kind == "gpumagic" else ""
@@ -313,7 +313,7 @@ def main() -> int:
     )
     lines.append(
         f"| idle synchronize | the hook's raw call | {raw_sync_us:.2f} µs "
-        f"| {spread(syncs['seam synchronize_each'])} µs | |"
+        f"| {spread(syncs['seam synchronize'])} µs | |"
     )
     summary["idle_sync_us"] = sync_us
     summary["idle_sync_raw_us"] = raw_sync_us

@@ -189,11 +189,11 @@ class BoundaryHook:
         # The seam's functions, looked up once (tests swap them before a session).
         self._devices_with_context = cuda.devices_with_context
         self._visible_device_total = cuda.visible_device_total
-        self._synchronize = cuda.synchronize_each
+        self._synchronize = cuda.synchronize
         self._capturing = cuda.stream_is_capturing
-        self._record_event = cuda.record_timing_event
+        self._record_event = cuda.record_event
         self._event_completed = cuda.event_completed
-        self._event_span_ms = cuda.event_span_ms
+        self._elapsed_ms = cuda.elapsed_ms
         self._marks = cuda.allocation_marks
 
     # -- the boundary ---------------------------------------------------------------
@@ -396,7 +396,7 @@ class BoundaryHook:
                     return
                 pending.popleft()
                 try:
-                    span = self._event_span_ms(start, end)
+                    span = self._elapsed_ms(start, end, wait=False)
                 except Exception:  # events on two devices: no span
                     self.record.gpu_unmeasured += 1
                     continue

@@ -33,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from gpumagic import cuda
+from gpumagic.cuda_errors import error_hint
 from gpumagic.timing_plan import Body, TimingOptions, verdict
 from gpumagic.timing_runs import Setup, Timer
 
@@ -89,7 +90,7 @@ def device_scope(options: TimingOptions) -> Iterator[None]:
 def settle() -> None:
     """Wait for the GPU work queued so far (after the setup), creating no context."""
     if cuda.is_initialized():
-        cuda.synchronize(cuda.context_devices())
+        cuda.synchronize(cuda.devices_with_context())
 
 
 def time_cuda(
@@ -130,7 +131,7 @@ def time_cuda(
                 measured = timer.gpu()
         except Exception as exc:
             # CUDA reports a kernel's fault at a later call, often one of ours.
-            hint = cuda.cuda_error_hint(exc)
+            hint = error_hint(exc)
             if hint and (exc is timer.body_error or timer.body_error is None):
                 exc.add_note(hint)
             raise

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumagic import cuda
+from gpumagic.peaks import DENSE_BF16_BASIS, dense_bf16_peak
 from gpumagic.timing_plan import (
     MIN_RUNS,
     Body,
@@ -166,7 +167,8 @@ class Timer:
             )
             return self._host(first_call=first_call)._replace(gpu_work=False)
         self.device = options.device if options.device is not None else cuda.current_device()
-        self.devices = cuda.context_devices(self.device)
+        # Work can only have been queued on devices with a context, and the current one.
+        self.devices = sorted({self.device, cuda.current_device(), *cuda.devices_with_context()})
         cuda.synchronize(self.devices)
         first_call = self.clock() - t0
         streams = cuda.current_streams(self.devices)
@@ -539,8 +541,8 @@ class Timer:
             peaks = cuda.device_peaks(self.device)
             result.device_index = self.device
             result.device_name = peaks.name
-            result.peak_flops = peaks.tensor_flops
-            result.peak_flops_basis = peaks.flops_basis
+            result.peak_flops = dense_bf16_peak(peaks.name)
+            result.peak_flops_basis = DENSE_BF16_BASIS if result.peak_flops else ""
             result.peak_bytes_per_s = peaks.dram_bytes_per_s
         self.report.warnings.extend(warnings_for(result))
         result.warnings = self.report.warnings

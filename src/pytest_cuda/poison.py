@@ -3,9 +3,10 @@
 After a device-side assert (or an illegal address, a launch failure...) every later
 CUDA call in the process fails with the same error: the context is "poisoned", and a
 plain pytest run blames every later CUDA test. This module holds the pure parts of the
-cure: telling a CUDA error from another failure (:func:`classify`), the command line of
-a fresh pytest process that runs the remaining tests (:func:`child_argv`), and the
-channel its results come back by (:class:`EventWriter`, :class:`ChildRun`).
+cure (telling a CUDA error from another failure is :mod:`gpumagic.cuda_errors`'s): the
+command line of a fresh pytest process that runs the remaining tests
+(:func:`child_argv`), and the channel its results come back by (:class:`EventWriter`,
+:class:`ChildRun`).
 
 No pytest, no torch: the glue (hooks, report replay) is in :mod:`pytest_cuda.sync_plugin`.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,71 +29,19 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from gpumagic.cuda import AsyncCudaError
+    from gpumagic.cuda_errors import CudaErrorInfo
 
 __all__ = [
     "ChildRun",
-    "CudaErrorInfo",
     "Culprit",
     "EventWriter",
     "Surfaced",
     "Workdirs",
     "child_argv",
     "child_env",
-    "classify",
     "read_nodeids",
     "write_nodeids",
 ]
-
-#: The CUDA runtime errors that leave the context unusable ("sticky" errors), by the
-#: text ``cudaGetErrorString`` gives them (CUDA Runtime API, "Error Handling").
-STICKY_ERRORS: dict[str, str] = {
-    "device-side assert triggered": "cudaErrorAssert",
-    "an illegal memory access was encountered": "cudaErrorIllegalAddress",
-    "unspecified launch failure": "cudaErrorLaunchFailure",
-    "the launch timed out and was terminated": "cudaErrorLaunchTimeout",
-    "an illegal instruction was encountered": "cudaErrorIllegalInstruction",
-    "misaligned address": "cudaErrorMisalignedAddress",
-    "operation not supported on global/shared address space": "cudaErrorInvalidAddressSpace",
-    "invalid program counter": "cudaErrorInvalidPc",
-    "hardware stack error": "cudaErrorHardwareStackError",
-    "uncorrectable ECC error encountered": "cudaErrorECCUncorrectable",
-}
-_STICKY_NAMES = frozenset(STICKY_ERRORS.values()) | {
-    "CUDA_ERROR_ASSERT",
-    "CUDA_ERROR_ILLEGAL_ADDRESS",
-    "CUDA_ERROR_LAUNCH_FAILED",
-    "CUDA_ERROR_LAUNCH_TIMEOUT",
-    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-    "CUDA_ERROR_MISALIGNED_ADDRESS",
-    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-    "CUDA_ERROR_INVALID_PC",
-    "CUDA_ERROR_HARDWARE_STACK_ERROR",
-    "CUDA_ERROR_ECC_UNCORRECTABLE",
-}
-
-# torch (C10_CUDA_CHECK): "CUDA error: device-side assert triggered", then "Search for
-# `cudaErrorAssert' in ..."; CuPy and cuda-python: "cudaErrorIllegalAddress: an
-# illegal memory access was encountered"; the driver API (numba, cuda-python):
-# "CUDA_ERROR_ILLEGAL_ADDRESS".
-_TORCH_TEXT = re.compile(r"CUDA error: (?P<text>[^\n]+)")
-_RUNTIME_NAME = re.compile(r"\b(?P<name>cudaError[A-Z]\w*)\b(?::\s*(?P<text>[^\n]+))?")
-_DRIVER_NAME = re.compile(r"\b(?P<name>CUDA_ERROR_[A-Z_]+)\b")
-_ASYNC_HINT = "CUDA kernel errors might be asynchronously reported"
-
-
-@dataclass(frozen=True)
-class CudaErrorInfo:
-    """What kind of CUDA error an exception message reports."""
-
-    #: The error's own words: ``device-side assert triggered``.
-    text: str
-    #: The CUDA name when the message gives it or it is known: ``cudaErrorAssert``.
-    name: str | None
-    #: CUDA documents it as leaving the context unusable.
-    sticky: bool
-
-    def describe(self) -> str:
-        return f"{self.text} ({self.name})" if self.name else self.text
 
 
 @dataclass(frozen=True)
@@ -111,30 +59,6 @@ class Surfaced:
 
     error: AsyncCudaError
     failed_phase: bool
-
-
-def classify(message: str) -> CudaErrorInfo | None:
-    """The CUDA error reported by an exception message, ``None`` for anything else.
-
-    ``CUDA out of memory`` (torch's allocator) is not a CUDA error here: it is
-    synchronous, leaves the context usable, and CUDA_LAUNCH_BLOCKING does not help.
-    """
-    text = name = None
-    if match := _TORCH_TEXT.search(message):
-        text = match.group("text").strip()
-    if match := _RUNTIME_NAME.search(message):
-        name = match.group("name")
-        text = text or (match.group("text") or name).strip()
-    elif match := _DRIVER_NAME.search(message):
-        name = match.group("name")
-        text = text or name
-    if text is None:
-        if _ASYNC_HINT not in message:
-            return None
-        text = message.strip().splitlines()[0]
-    name = name or STICKY_ERRORS.get(text)
-    sticky = text in STICKY_ERRORS or name in _STICKY_NAMES
-    return CudaErrorInfo(text=text, name=name, sticky=sticky)
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gpumagic import cuda
+from gpumagic.cuda_errors import CudaErrorInfo, classify
 from gpumagic.stacks import FrameFilter
 from pytest_cuda.continuation import (
     Continuation,
@@ -32,12 +33,10 @@ from pytest_cuda.continuation import (
 )
 from pytest_cuda.poison import (
     ChildRun,
-    CudaErrorInfo,
     Culprit,
     Surfaced,
     Workdirs,
     child_env,
-    classify,
     write_nodeids,
 )
 from pytest_cuda.poison_report import (

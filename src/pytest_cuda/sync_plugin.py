@@ -68,7 +68,7 @@ class DebugOptions(NamedTuple):
 _OPTIONS = pytest.StashKey[DebugOptions]()
 
 #: Libraries that run CUDA work and whose CUDA errors
-#: :func:`pytest_cuda.poison.classify` recognises. The checks after each test phase start
+#: :func:`gpumagic.cuda_errors.classify` recognises. The checks after each test phase start
 #: when one of them is imported (or an option of this plugin is given): until then no
 #: test of this process has run CUDA work through them, and the health check itself
 #: needs torch.

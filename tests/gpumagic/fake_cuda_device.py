@@ -73,20 +73,20 @@ class FakeDevice:
 
     # -- the seam --------------------------------------------------------------------
 
-    def synchronize_each(self, devices: tuple[int, ...]) -> None:
+    def synchronize(self, devices: tuple[int, ...]) -> None:
         if self.sync_error is not None:
             raise self.sync_error
         assert devices == (0,)
         self.syncs += 1
         self._wait()
 
-    def record_timing_event(self) -> FakeEvent:
+    def record_event(self, device: int | None = None) -> FakeEvent:
         return FakeEvent(max(self.free_at, time.perf_counter()), self.launched)
 
     def event_completed(self, event: FakeEvent) -> bool:
         return time.perf_counter() >= event.at
 
-    def event_span_ms(self, start: FakeEvent, end: FakeEvent) -> float:
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
         return (end.gpu - start.gpu) * 1e3
 
     def allocation_marks(self, device: int) -> tuple[int, int, int, int]:
@@ -99,11 +99,11 @@ class FakeDevice:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
         monkeypatch.setattr(cuda, "devices_with_context", lambda: (0,))
         monkeypatch.setattr(cuda, "visible_device_total", lambda: 1)
-        monkeypatch.setattr(cuda, "synchronize_each", self.synchronize_each)
+        monkeypatch.setattr(cuda, "synchronize", self.synchronize)
         monkeypatch.setattr(cuda, "stream_is_capturing", lambda: self.capturing)
-        monkeypatch.setattr(cuda, "record_timing_event", self.record_timing_event)
+        monkeypatch.setattr(cuda, "record_event", self.record_event)
         monkeypatch.setattr(cuda, "event_completed", self.event_completed)
-        monkeypatch.setattr(cuda, "event_span_ms", self.event_span_ms)
+        monkeypatch.setattr(cuda, "elapsed_ms", self.elapsed_ms)
         monkeypatch.setattr(cuda, "allocation_marks", self.allocation_marks)
         monkeypatch.setattr(cuda, "get_sync_debug_mode", lambda: self.debug_mode)
         monkeypatch.setattr(cuda, "set_sync_debug_mode", self.set_sync_debug_mode)

@@ -195,14 +195,17 @@ def test_discovery_agrees_with_torch() -> None:
 def test_synchronize_and_events_time_real_work() -> None:
     import torch
 
-    start, end = cuda.new_event(), cuda.new_event()
-    start.record()
+    start = cuda.record_event()
     torch.cuda._sleep(20_000_000)
-    end.record()
-    cuda.synchronize()
-    assert end.query()
-    assert cuda.elapsed_ms(start, end) > 1.0
+    end = cuda.record_event(0)
+    assert cuda.elapsed_ms(start, end) > 1.0  # waits for the end
+    assert cuda.event_completed(end)
+    assert cuda.elapsed_ms(start, end, wait=False) > 1.0
+    again = cuda.record_event()
+    torch.cuda._sleep(1_000_000)
     cuda.synchronize([0])
+    assert cuda.event_completed(again)
+    cuda.synchronize()
 
 
 @pytest.mark.cuda

@@ -233,7 +233,7 @@ def test_without_cuda_nothing_is_synchronized(monkeypatch: pytest.MonkeyPatch) -
     # earlier tests may have created one).
     monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
     synchronized: list[tuple[int, ...]] = []
-    monkeypatch.setattr(cuda, "synchronize_each", synchronized.append)
+    monkeypatch.setattr(cuda, "synchronize", synchronized.append)
     prof = profile(lambda: sum(range(100)))
     result = prof.result()
     assert not result.cuda_used

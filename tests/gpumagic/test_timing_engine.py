@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from fake_clock import FakeClock
 
-from gpumagic import cuda, timing, timing_plan, timing_runs
+from gpumagic import cuda, cuda_errors, timing, timing_plan, timing_runs
 from gpumagic.cuda import runtime
 from gpumagic.devices import CudaStatus, DeviceInfo
 from gpumagic.timing import TimingOptions, time_cuda
@@ -171,7 +171,6 @@ class FakeSeam:
     log: list[str] = field(default_factory=list)
 
     GraphCaptureError = cuda.GraphCaptureError
-    cuda_error_hint = staticmethod(cuda.cuda_error_hint)
 
     def status(self) -> CudaStatus:
         device = DeviceInfo(0, "Fake GPU", 80 << 30, (9, 0))
@@ -180,8 +179,8 @@ class FakeSeam:
     def is_initialized(self) -> bool:
         return self.initialized
 
-    def context_devices(self, also: int | None = None) -> list[int]:
-        return [0]
+    def devices_with_context(self) -> tuple[int, ...]:
+        return (0,)
 
     def current_device(self) -> int:
         return 0
@@ -207,7 +206,7 @@ class FakeSeam:
     def side_work(self, seconds: float) -> None:
         self.pending = seconds
 
-    def record_event(self, device: int) -> FakeEvent:
+    def record_event(self, device: int | None = None) -> FakeEvent:
         if self.fixed_span:  # a steady GPU: every interval is the same
             slow = self.slow_after and self.calls > self.slow_after
             self.ticks += self.fixed_span * (1.2 if slow else 1.0)
@@ -215,7 +214,7 @@ class FakeSeam:
         self.log.append("record")
         return FakeEvent(self.clock())
 
-    def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float:
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
         return (end.t - start.t) * 1e3
 
     def current_streams(self, devices: Iterable[int]) -> list[str]:
@@ -225,7 +224,7 @@ class FakeSeam:
         self.log.append("restore streams")
 
     def device_peaks(self, device: int) -> cuda.DevicePeaks:
-        return cuda.DevicePeaks("Fake GPU", 3.35e12, 989.4e12, "dense bf16")
+        return cuda.DevicePeaks("Fake GPU", 3.35e12)
 
     def l2_flush_buffer(self, device: int) -> FakeBuffer:
         return FakeBuffer()
@@ -508,7 +507,7 @@ def test_floor_warning_for_a_tiny_body(seam: FakeSeam) -> None:
     ],
 )
 def test_cuda_error_hints(text: str, hint: str | None) -> None:
-    found = cuda.cuda_error_hint(RuntimeError(text))
+    found = cuda_errors.error_hint(RuntimeError(text))
     if hint is None:
         assert found is None
     else:

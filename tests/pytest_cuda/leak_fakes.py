@@ -44,7 +44,6 @@ SEAM = (
     "status",
     "async_error",
     "devices_with_context",
-    "synchronize_each",
     "synchronize",
 )
 
@@ -260,9 +259,6 @@ class FakeAllocator:
 
     def devices_with_context(self) -> tuple[int, ...]:
         return tuple(range(self.devices)) if self.initialized else ()
-
-    def synchronize_each(self, devices: tuple[int, ...]) -> None:
-        """Nothing is ever queued on the made-up GPU."""
 
     def synchronize(self, devices: object = None) -> None:
         """Nothing is ever queued on the made-up GPU."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumagic import cuda_errors
 from gpumagic.stacks import FrameFilter
 from pytest_cuda import poison, repro
 
@@ -65,8 +66,8 @@ TORCH_ASSERT = (
 def test_classify_names_cuda_errors(
     message: str, text: str, name: str | None, sticky: bool
 ) -> None:
-    info = poison.classify(message)
-    assert info == poison.CudaErrorInfo(text=text, name=name, sticky=sticky)
+    info = cuda_errors.classify(message)
+    assert info == cuda_errors.CudaErrorInfo(text=text, name=name, sticky=sticky)
 
 
 @pytest.mark.parametrize(
@@ -79,23 +80,23 @@ def test_classify_names_cuda_errors(
     ],
 )
 def test_classify_leaves_other_failures_alone(message: str) -> None:
-    assert poison.classify(message) is None
+    assert cuda_errors.classify(message) is None
 
 
 def test_classify_describe() -> None:
-    info = poison.classify(TORCH_ASSERT)
+    info = cuda_errors.classify(TORCH_ASSERT)
     assert info is not None
     assert info.describe() == "device-side assert triggered (cudaErrorAssert)"
-    bare = poison.classify("CUDA error: invalid argument")
+    bare = cuda_errors.classify("CUDA error: invalid argument")
     assert bare is not None
     assert bare.describe() == "invalid argument"
 
 
 def test_classify_falls_back_to_the_async_hint() -> None:
-    info = poison.classify(
+    info = cuda_errors.classify(
         "RuntimeError: something odd\nCUDA kernel errors might be asynchronously reported"
     )
-    assert info == poison.CudaErrorInfo("RuntimeError: something odd", None, False)
+    assert info == cuda_errors.CudaErrorInfo("RuntimeError: something odd", None, False)
 
 
 # ---------------------------------------------------------------------------

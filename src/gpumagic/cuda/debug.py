@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cuda.discovery import is_initialized, require, torch_module
-from gpumagic.cuda.runtime import FLUSH_LABEL, devices_with_context, synchronize, synchronize_each
+from gpumagic.cuda.runtime import FLUSH_LABEL, devices_with_context, synchronize
 from gpumagic.stacks import FrameFilter
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> li
     import warnings
 
     torch = torch_module()
-    previous = torch.cuda.get_sync_debug_mode()
+    previous = get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mode = _sync_mode_class()(caught, frozenset(code_files))
@@ -244,39 +244,6 @@ def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> li
     return events
 
 
-_STICKY = (
-    "device-side assert",
-    "illegal memory access",
-    "misaligned address",
-    "unspecified launch failure",
-    "illegal instruction",
-    "an illegal",
-)
-
-
-def cuda_error_hint(exc: BaseException) -> str | None:
-    """What to do about a CUDA error raised by user code (``None`` if it is not one)."""
-    text = str(exc)
-    if "out of memory" in text and "CUDA" in text:
-        return (
-            "The body ran out of GPU memory: free tensors you no longer need (del them, "
-            "then torch.cuda.empty_cache()) or time a smaller problem."
-        )
-    if "CUDA error" not in text and "CUDA kernel errors" not in text:
-        return None
-    hint = (
-        "This CUDA error came from the timed body. Kernel errors surface at a later call, "
-        "so the line shown may not be the culprit: set CUDA_LAUNCH_BLOCKING=1 before CUDA "
-        "starts (restart the kernel) to see the launching line."
-    )
-    if any(s in text for s in _STICKY):
-        hint += (
-            " This kind of error is sticky: the CUDA context cannot be used any more in "
-            "this process; restart the kernel."
-        )
-    return hint
-
-
 @dataclass(frozen=True)
 class AsyncCudaError:
     """A CUDA error that surfaced when synchronizing, after the work that caused it."""
@@ -289,7 +256,7 @@ class AsyncCudaError:
 
 def _synchronize_error() -> str | None:
     try:
-        synchronize_each(devices_with_context())
+        synchronize(devices_with_context())
     except RuntimeError as error:  # torch.AcceleratorError (torch >= 2.8) is one
         return str(error)
     return None
@@ -338,7 +305,7 @@ def _sync_after_each_op_mode() -> type:
             if device is None or torch._C._cuda_isCurrentStreamCapturing():
                 return out
             try:
-                synchronize_each((device,))
+                synchronize((device,))
             except RuntimeError as error:
                 error.add_note(
                     f"pytest_cuda: raised by the synchronize right after {func} "

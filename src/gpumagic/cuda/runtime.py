@@ -32,24 +32,45 @@ def _index(device: int | str | torch.device | None) -> int:
 
 
 def synchronize(devices: Iterable[int | str | torch.device] | int | None = None) -> None:
-    """Wait for all work queued on ``devices`` (default: the current device)."""
+    """Wait for all work queued on ``devices`` (default: the current device): a
+    device-wide sync per device, all streams included (``torch.cuda.synchronize()``
+    covers the current device only). Creates a context on a device without one."""
     torch = torch_module()
     if devices is None or isinstance(devices, int):
         torch.cuda.synchronize(devices)
         return
-    for device in devices:
-        torch.cuda.synchronize(_index(device))
+    indices = [_index(d) for d in devices]
+    native = torch._C
+    if len(indices) == 1 and indices[0] == native._cuda_getDevice():
+        native._cuda_synchronize()  # the common case, without switching devices
+        return
+    for index in indices:
+        with torch.cuda.device(index):
+            native._cuda_synchronize()
 
 
-def new_event(*, timing: bool = True) -> torch.cuda.Event:
-    """A CUDA event; with ``timing`` it can be used with :func:`elapsed_ms`."""
-    event: torch.cuda.Event = torch_module().cuda.Event(enable_timing=timing)
+def record_event(device: int | None = None) -> torch.cuda.Event:
+    """A timing event recorded now on the current stream of ``device`` (default: the
+    current device)."""
+    tm = torch_module()
+    event: torch.cuda.Event = tm.cuda.Event(enable_timing=True)
+    if device is None:
+        event.record()
+    else:
+        event.record(tm.cuda.current_stream(device))
     return event
 
 
-def elapsed_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-    """Milliseconds between two recorded events (synchronizes on ``end``)."""
-    end.synchronize()
+def event_completed(event: Any) -> bool:
+    """Whether the GPU has passed ``event`` (never blocks)."""
+    return bool(event.query())
+
+
+def elapsed_ms(start: torch.cuda.Event, end: torch.cuda.Event, *, wait: bool = True) -> float:
+    """Milliseconds between two recorded events of one device; ``wait``: first wait
+    for ``end`` (without it, both must have completed: :func:`event_completed`)."""
+    if wait:
+        end.synchronize()
     return float(start.elapsed_time(end))
 
 
@@ -70,20 +91,6 @@ def visible_device_total() -> int:
     return int(torch_module().cuda.device_count())
 
 
-def synchronize_each(devices: tuple[int, ...]) -> None:
-    """Wait for all streams of each device in ``devices`` (a device sync per device:
-    ``torch.cuda.synchronize()`` covers the current device only). Only call it once
-    torch has initialised CUDA."""
-    torch = sys.modules["torch"]
-    native = torch._C
-    if len(devices) == 1 and devices[0] == native._cuda_getDevice():
-        native._cuda_synchronize()
-        return
-    for index in devices:
-        with torch.cuda.device(index):
-            native._cuda_synchronize()
-
-
 def stream_is_capturing() -> bool:
     """Whether the current stream is capturing a CUDA graph (a synchronize would break
     the capture). ``False`` without a context (torch's call creates none)."""
@@ -91,69 +98,16 @@ def stream_is_capturing() -> bool:
     return torch is not None and bool(torch._C._cuda_isCurrentStreamCapturing())
 
 
-def record_timing_event() -> Any:
-    """A new timing event, recorded on the current stream of the current device."""
-    event = torch_module().cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def event_completed(event: Any) -> bool:
-    """Whether the GPU has passed ``event`` (never blocks)."""
-    return bool(event.query())
-
-
-def event_span_ms(start: Any, end: Any) -> float:
-    """Milliseconds between two completed events of one device."""
-    return float(start.elapsed_time(end))
-
-
 #: ``record_function`` label around the L2 flush, so CUPTI figures can leave it out.
 FLUSH_LABEL = "gpumagic.l2_flush"
 
 
-# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's data sheets, matched against the
-# device name in this order (more specific names first).
-_DENSE_BF16_PEAKS: tuple[tuple[str, float], ...] = (
-    ("GH200", 989.4e12),
-    ("H200", 989.4e12),
-    ("H100 PCIe", 756.0e12),
-    ("H100 NVL", 835.0e12),
-    ("H100", 989.4e12),
-    ("H800", 989.4e12),
-    ("B200", 2250.0e12),
-    ("A100", 312.0e12),
-    ("A800", 312.0e12),
-    ("L40S", 362.05e12),
-    ("L4", 121.0e12),
-    ("RTX 4090", 165.2e12),
-)
-
-
 @dataclass(frozen=True)
 class DevicePeaks:
-    """What the timing report needs to know about one device."""
+    """What the hardware says about one device: its name and DRAM bandwidth peak."""
 
     name: str
     dram_bytes_per_s: float | None
-    tensor_flops: float | None
-    flops_basis: str
-
-
-def context_devices(also: int | None = None) -> list[int]:
-    """The current device and every device with a CUDA context in this process.
-
-    Work can only have been queued on devices with a context, so these are the ones a
-    timed body can have used. Call it only once CUDA is initialised.
-    """
-    torch = torch_module()
-    found = {int(torch.cuda.current_device())}
-    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-    if has_context is not None:
-        found.update(i for i in range(torch.cuda.device_count()) if has_context(i))
-    if also is not None:
-        found.add(also)
-    return sorted(found)
 
 
 def current_device() -> int:
@@ -164,14 +118,6 @@ def current_device() -> int:
 def use_device(index: int) -> contextlib.AbstractContextManager[Any]:
     """Make ``index`` the current device for a block, then put the old one back."""
     return cast("contextlib.AbstractContextManager[Any]", torch_module().cuda.device(index))
-
-
-def record_event(device: int) -> torch.cuda.Event:
-    """A timing event recorded now on ``device``'s current stream."""
-    tm = torch_module()
-    event: torch.cuda.Event = tm.cuda.Event(enable_timing=True)
-    event.record(tm.cuda.current_stream(device))
-    return event
 
 
 def current_streams(devices: Iterable[int]) -> list[Any]:
@@ -210,7 +156,8 @@ def spin(device: int, microseconds: float) -> None:
 
 
 def device_peaks(device: int) -> DevicePeaks:
-    """Name, L2 size, and the DRAM and dense bf16 peaks of ``device`` where known."""
+    """Name and DRAM bandwidth peak (memory clock times bus width) of ``device``, where known
+    (compute peaks come from data sheets: :mod:`gpumagic.peaks`)."""
     props = torch_module().cuda.get_device_properties(device)
     name = str(props.name)
     clock_khz = getattr(props, "memory_clock_rate", 0)
@@ -218,13 +165,7 @@ def device_peaks(device: int) -> DevicePeaks:
     dram = clock_khz * 1e3 * bus_bits * 2 / 8 if clock_khz and bus_bits else None
     if dram is None:
         dram = _nvml_dram_peak(device)
-    flops = next((peak for key, peak in _DENSE_BF16_PEAKS if key in name), None)
-    return DevicePeaks(
-        name=name,
-        dram_bytes_per_s=dram,
-        tensor_flops=flops,
-        flops_basis="dense bf16 tensor-core peak" if flops else "",
-    )
+    return DevicePeaks(name=name, dram_bytes_per_s=dram)
 
 
 def _nvml_dram_peak(device: int) -> float | None:
