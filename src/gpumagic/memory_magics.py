@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text
+from gpumagic.cell_code import cell_number, file_source, run_cell_body
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 from gpumagic.stacks import FrameFilter
 
@@ -53,7 +54,6 @@ class GpuMemMagics(Magics):
         self._peak_resets: dict[int, memory.PeakReset] = {}
         self._watch: tuple[tuple[DeviceInfo, ...], bool] | None = None
         self._meters: list[memory_cell.CellMeter | None] = []
-        self._inside_cell_magic = 0
         self._cell_magic_ran = False
 
     @property
@@ -232,11 +232,12 @@ class GpuMemMagics(Magics):
                 "%%gpumem takes --trace, --keep-peak, --device and -o; "
                 f"{', '.join(misplaced)} {what} of the line magic %gpumem"
             )
-        label = self._cell_label()
+        label = f"In[{cell_number(self._shell)}]"
+        filename = file_source(self._shell, cell)
         status = cuda.status()
         self._cell_magic_ran = True
         if not status.available:
-            self._run(cell)
+            run_cell_body(self._shell, cell, filename, 0)
             result = CellMemResult(
                 memory_cell.CellMemoryReport(label=label, unavailable=_no_cuda(status))
             )
@@ -247,14 +248,15 @@ class GpuMemMagics(Magics):
             )
             files_before = set(linecache.cache) if args.trace else set()
             meter.start()
+            failure: BaseException | None = None
             try:
-                self._run(cell)
+                run_cell_body(self._shell, cell, filename, 0)
+            except BaseException as exc:  # reported after the memory figures
+                failure = exc
             finally:
-                cell_files = frozenset(set(linecache.cache) - files_before)
+                cell_files = frozenset({filename, *(set(linecache.cache) - files_before)})
 
                 def where(filename: str, line: int) -> str:
-                    # IPython files the body under the next execution count; name it
-                    # after the cell the user sees.
                     if filename in cell_files:
                         return f"{label} line {line}"
                     return self._where(filename, line)
@@ -267,25 +269,15 @@ class GpuMemMagics(Magics):
                 )
                 self._remember(meter.resets)
             result = CellMemResult(report)
+            if failure is not None:
+                # The cell's error stops the notebook as it would without the magic;
+                # the memory it used up to the error is shown first.
+                _show(result)
+                raise failure
         if args.return_result:
             return result
         _show(result)
         return None
-
-    def _cell_label(self) -> str:
-        """``In[N]`` of the cell being run (IPython counts it up before running it)."""
-        running = self._shell.displayhook.exec_result
-        count = running.execution_count if running is not None else None
-        return f"In[{count if count is not None else self._shell.execution_count}]"
-
-    def _run(self, cell: str) -> None:
-        """Run the cell as a cell of its own (tracebacks, display of its last value)."""
-        self._inside_cell_magic += 1
-        try:
-            run: Callable[..., Any] = self._shell.run_cell  # untyped in IPython
-            run(cell, store_history=False)
-        finally:
-            self._inside_cell_magic -= 1
 
     def _where(self, filename: str, line: int) -> str:
         named = self._shell.compile.format_code_name(filename)
@@ -341,8 +333,7 @@ class GpuMemMagics(Magics):
             display({"text/plain": "gpumem: watch is off"}, raw=True)
 
     def _pre_run_cell(self, info: ExecutionInfo) -> None:
-        if self._watch is None or self._inside_cell_magic:
-            # The cell a %%gpumem runs: that magic reports it.
+        if self._watch is None:
             self._meters.append(None)
             return
         devices, keep_peak = self._watch

@@ -8,7 +8,6 @@ and displays the result.
 from __future__ import annotations
 
 import ast
-import contextlib
 import itertools
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from IPython.core.magic import (
     output_can_be_silenced,
 )
 
+from gpumagic.cell_code import compile_source, file_source, parse_source, show_from
 from gpumagic.timing import (
     TimingOptions,
     check_device,
@@ -37,7 +37,7 @@ from gpumagic.units import parse_amount
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
-    from types import CodeType, TracebackType
+    from types import CodeType
 
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -204,7 +204,7 @@ class CudaTimeMagics(Magics):
             check_device(options)
         except ValueError as exc:
             raise UsageError(f"%cudatime: {exc}") from None
-        filename = shell.compile.cache(cached, shell.execution_count)
+        filename = file_source(shell, cached)
         t0 = time.perf_counter()
         scope = local_ns if cell is None and local_ns is not shell.user_ns else None
         run = self._compile(body, filename, offset, scope)
@@ -215,7 +215,7 @@ class CudaTimeMagics(Magics):
                     exec(self._code(setup, filename, 0), shell.user_ns)
                 settle()
         except Exception as exc:
-            _show_from(exc, filename, shell)
+            show_from(exc, filename, shell)
             raise
         try:
             result = time_cuda(
@@ -226,7 +226,7 @@ class CudaTimeMagics(Magics):
                 compile_time=compile_time,
             )
         except Exception as exc:
-            _show_from(exc, filename, shell)
+            show_from(exc, filename, shell)
             raise
         if not args.quiet:
             display(result)
@@ -234,31 +234,20 @@ class CudaTimeMagics(Magics):
             shell.user_ns[args.variable] = result
         return result if args.output else None
 
-    def _parse_source(self, source: str, filename: str, offset: int) -> ast.Module:
-        """``source`` through the shell's input and AST transformers, numbered as in the cell."""
-        shell: Any = self.shell
-        tree: ast.Module = shell.transform_ast(
-            shell.compile.ast_parse(shell.transform_cell(source), filename)
-        )
-        ast.increment_lineno(tree, offset)
-        return tree
-
     def _code(self, source: str, filename: str, offset: int) -> CodeType:
-        shell: Any = self.shell
-        code: CodeType = shell.compile(
-            self._parse_source(source, filename, offset), filename, "exec"
-        )
-        return code
+        assert self.shell is not None
+        tree = parse_source(self.shell, source, filename, offset)
+        return compile_source(self.shell, tree, filename, "exec")
 
     def _compile(
         self, body: str, filename: str, offset: int, local_ns: dict[str, Any] | None
     ) -> Body:
         """The body as ``run(n)``: one function, its loop inside (as %timeit's template)."""
         shell: Any = self.shell
-        tree = self._parse_source(body, filename, offset)
+        tree = parse_source(shell, body, filename, offset)
         # Compile it alone first: code that is invalid at module level (`return`, `yield`)
         # must not become valid inside the template function (ipython/ipython#10636).
-        shell.compile(tree, filename, "exec")
+        compile_source(shell, tree, filename, "exec")
         if not tree.body:
             raise UsageError("%cudatime: the body has no statements to time")
         template = ast.parse(_TEMPLATE)
@@ -270,7 +259,7 @@ class CudaTimeMagics(Magics):
         ast.fix_missing_locations(template)
         namespace: dict[str, Any] = {}
         scope = shell.user_ns if not local_ns else {**shell.user_ns, **local_ns}
-        exec(shell.compile(template, filename, "exec"), scope, namespace)
+        exec(compile_source(shell, template, filename, "exec"), scope, namespace)
         inner = namespace["__cudatime_body"]
 
         def run(n: int) -> None:
@@ -378,26 +367,6 @@ def _label(body: str) -> str:
     if len(lines) > 1:
         text += " …"
     return text if len(text) <= 70 else text[:69] + "…"
-
-
-def _show_from(exc: BaseException, filename: str, shell: InteractiveShell) -> None:
-    """Make IPython show ``exc``'s traceback from the user's code on, not through ours."""
-    tb: TracebackType | None = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
-        tb = tb.tb_next
-    if tb is None:
-        return
-    start = tb
-
-    def render() -> list[str]:
-        lines: list[str] = shell.InteractiveTB.structured_traceback(
-            type(exc), exc, start, tb_offset=0
-        )
-        return lines
-
-    # An exception type with __slots__ refuses the attribute: IPython then shows it all.
-    with contextlib.suppress(AttributeError):
-        exc._render_traceback_ = render  # type: ignore[attr-defined]
 
 
 def register(shell: InteractiveShell) -> None:

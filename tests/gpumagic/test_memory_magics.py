@@ -237,6 +237,44 @@ def test_an_exception_in_the_cell_still_reports_and_stops_recording(
     assert not gpu.recording
 
 
+def test_an_exception_in_the_cell_fails_the_cell(
+    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As without the magic: "Run All", nbclient and papermill stop at the error."""
+    result = shell.run_cell("%%gpumem\nkept = gpu.alloc(MiB)\nraise ValueError('boom')")
+    assert not result.success
+    assert isinstance(result.error_in_exec, ValueError)
+    assert shell.user_ns["kept"]  # the lines before the error ran in the namespace
+    assert "allocated        +1.0 MiB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cuda_here", [True, False])
+def test_tracebacks_name_the_cell_being_run(
+    shell: InteractiveShell,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    cuda_here: bool,
+) -> None:
+    if cuda_here:
+        FakeGpu(monkeypatch)
+    shell.InteractiveTB.set_mode("Plain")
+    for _ in range(3):
+        shell.run_cell("pass", store_history=True)
+    capsys.readouterr()
+    result = shell.run_cell("%%gpumem\nx = 1\nraise KeyError('k')", store_history=True)
+    assert result.execution_count == 4
+    out = capsys.readouterr().out
+    assert "In[4]" in out
+    assert "In[5]" not in out
+    assert "raise KeyError('k')" in out
+    assert "memory_magics" not in out  # the traceback starts in the cell
+    shell.run_cell("%%gpumem\nx = (", store_history=True)
+    out = capsys.readouterr().out
+    assert "SyntaxError" in out
+    assert "In[5]" in out
+    assert "In[6]" not in out  # every frame names the cell being run
+
+
 def test_trace_names_the_line_that_allocated_what_is_left(
     shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -167,6 +167,24 @@ def test_a_raising_body_shows_the_users_traceback_once(
     assert "run_cell_magic" not in text
 
 
+def test_tracebacks_name_the_cell_being_run(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for _ in range(7):
+        shell.run_cell("pass", store_history=True)
+    capsys.readouterr()
+    result = shell.run_cell(f"%cudatime {FAST} 1 / 0", store_history=True)
+    assert result.execution_count == 8
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+    assert "In[8]" in text
+    assert "In[9]" not in text
+    shell.run_cell(f"%%cudatime {FAST}\nx = = 1", store_history=True)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+    assert "SyntaxError" in text
+    assert "In[9]" in text
+    assert "In[10]" not in text  # every frame names the cell being run
+
+
 def test_a_raising_setup_points_at_the_setup(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
