@@ -18,7 +18,14 @@ if TYPE_CHECKING:
 
     from IPython.core.interactiveshell import InteractiveShell
 
-__all__ = ["cell_number", "compile_source", "file_source", "parse_source", "run_cell_body"]
+__all__ = [
+    "cell_number",
+    "compile_source",
+    "file_source",
+    "parse_source",
+    "run_cell_body",
+    "show_from",
+]
 
 
 def cell_number(shell: InteractiveShell) -> int:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpumagic.devices import DeviceInfo
 
 __all__ = [
+    "CONTEXT_NOTE",
     "DeviceMemory",
     "MemoryReport",
     "PeakReset",

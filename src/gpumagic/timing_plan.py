@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gpumagic.timing_result import CudaTimeResult
 
 __all__ = [
+    "MIN_RUNS",
     "Body",
     "Run",
     "TimingOptions",

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = [
+    "FIRST_CALL_WARNING",
+    "TIMES",
     "Comparison",
     "ComparisonRow",
     "CudaTimeResult",

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
     from pytest_cuda.leaks import NoCudaLeak
 
+__all__ = []
+
 CHECKER_NAME = "cuda.leaks"
 REPORTS_NAME = "cuda.leak-reports"
 

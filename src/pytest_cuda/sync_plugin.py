@@ -50,6 +50,10 @@ if TYPE_CHECKING:
     from gpumagic import cuda
     from pytest_cuda.sync_checks import PhaseChecks
 
+__all__ = [
+    "PoisonGuard",
+]
+
 
 class DebugOptions(NamedTuple):
     """This process's debug options, checked once in ``pytest_configure``."""

@@ -13,6 +13,27 @@ from gpumagic.cuda.discovery import is_initialized, torch_module
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+__all__ = [
+    "AllocatorStats",
+    "TensorFacts",
+    "allocation_marks",
+    "allocator_backend",
+    "allocator_stats",
+    "clear_fft_plan_caches",
+    "device_total_memory",
+    "empty_cache",
+    "memory_history_enabled",
+    "memory_snapshot",
+    "on_cuda_init",
+    "release_blas_workspaces",
+    "release_cached_blocks",
+    "reset_compile_caches",
+    "reset_peak_memory_stats",
+    "start_memory_history",
+    "stop_memory_history",
+    "tensor_facts",
+]
+
 
 @dataclass(frozen=True)
 class AllocatorStats:

@@ -16,6 +16,21 @@ from gpumagic.stacks import FrameFilter
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
+__all__ = [
+    "SYNC_WARNING_MESSAGE",
+    "AsyncCudaError",
+    "ImplicitSyncError",
+    "KernelProfile",
+    "SyncEvent",
+    "async_error",
+    "catch_syncs",
+    "forbid_implicit_sync",
+    "get_sync_debug_mode",
+    "profile_kernels",
+    "set_sync_debug_mode",
+    "sync_after_each_op",
+]
+
 
 #: The text torch warns with, in ``set_sync_debug_mode("warn")``, when an operation
 #: makes the host wait for the GPU (``.item()``, ``.cpu()``, ``nonzero()``...).

@@ -30,6 +30,23 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import ModuleType
 
+__all__ = [
+    "CudaUnavailable",
+    "device_count",
+    "devices",
+    "is_initialized",
+    "nvml_device_memory",
+    "nvml_memory_info",
+    "nvml_process_memory",
+    "nvml_processes",
+    "require",
+    "reset_status_cache",
+    "status",
+    "torch_module",
+    "torch_package_dir",
+    "visible_devices",
+]
+
 
 class CudaUnavailable(RuntimeError):
     """CUDA work was asked for where none is possible; the message says why."""

@@ -18,6 +18,28 @@ if TYPE_CHECKING:
 
     import torch
 
+__all__ = [
+    "FLUSH_LABEL",
+    "DevicePeaks",
+    "GraphCaptureError",
+    "capture_graph",
+    "current_device",
+    "current_streams",
+    "device_peaks",
+    "devices_with_context",
+    "elapsed_ms",
+    "event_completed",
+    "flush_l2",
+    "l2_flush_buffer",
+    "record_event",
+    "restore_streams",
+    "spin",
+    "stream_is_capturing",
+    "synchronize",
+    "use_device",
+    "visible_device_total",
+]
+
 
 def _index(device: int | str | torch.device | None) -> int:
     torch = torch_module()
