@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Measured", "Setup", "Timer"]
 
-SPIN_US = 30.0  # spin kernel ahead of each run's start events
+# A spin kernel ahead of each run's start events, long enough that the host has
+# launched the body (and recorded the end events) before the GPU reaches it. 30 µs was
+# not: once torch.profiler has run in a process, launches are slower for a while, and
+# single cold calls of a 7 µs kernel measured 26 to 54 µs instead of 9.5 µs (H100).
+SPIN_US = 100.0
 WARMUP_SHARE = 0.25  # of the budget, at most, for warm-up
 STEADY = 0.10  # two warm-up batches this close count as steady
 MAX_RESIZES = 3  # times the runs may be resized when a run is far from the target length
@@ -360,10 +364,13 @@ class Timer:
     def _cold_run(self, buffer: Any) -> Run:
         runner = self.runner
         devices = self.devices
-        # GPU time: flush, then the start event queued behind it, so neither the flush nor
-        # the launch latency of the body is inside the interval.
+        # GPU time: flush, a spin kernel, then the start event queued behind them: the
+        # flush is outside the interval, and so is the host's launch of the body (a
+        # flush alone can end before the body is launched; it reads no memory).
         cuda.synchronize(devices)
         cuda.flush_l2(buffer)
+        for d in devices:
+            cuda.spin(d, SPIN_US)
         starts = [cuda.record_event(d) for d in devices]
         runner(1)
         ends, t_end, t_idle = self._finish()
@@ -401,7 +408,7 @@ class Timer:
         return Measured(result, runs)
 
     def _cold_profiled_call(self, buffer: Any) -> Run:
-        cuda.flush_l2(buffer)
+        cuda.flush_l2(buffer)  # no spin: CUPTI would count its kernel as the body's
         start = cuda.record_event(self.device)
         self.runner(1)
         end = cuda.record_event(self.device)
