@@ -14,11 +14,9 @@ from IPython.core.magic import Magics, line_magic, magics_class
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from IPython.core.interactiveshell import InteractiveShell
-
     from gpumagic.lineprof_result import LineProfileDisplay
 
-__all__ = ["LprunMagics", "register"]
+__all__ = ["MAGICS", "LprunMagics"]
 
 _LONG_OPTIONS = ("no-sync", "gpu", "memory")
 display: Callable[..., None] = _display.display
@@ -90,33 +88,20 @@ class LprunMagics(Magics):
             raise UsageError(f"%lprun: {exc}") from None
         if not statement.strip():
             raise UsageError("%lprun needs a statement to run, e.g. %lprun -f step step(x)")
+        for letter in ("D", "T"):
+            for raw in opts.get(letter, []):
+                _check_output_file(letter, raw)
+        _check_statement(statement)
         output_unit = _output_unit(opts.get("u"))
         profiler = GpuLineProfiler(
             sync="no-sync" not in opts, gpu="gpu" in opts, memory="memory" in opts
         )
-        namespace = self.shell.user_ns
-        for expression in opts.get("f", []):
-            try:
-                target = eval(expression, self.shell.user_global_ns, namespace)
-            except Exception as exc:
-                raise UsageError(
-                    f"Could not find function {expression}.\n{type(exc).__name__}: {exc}"
-                ) from None
-            profiler.add_target(target, name=expression)
-        for module_name in opts.get("m", []):
-            try:
-                module = __import__(module_name, fromlist=[""])
-            except Exception as exc:
-                raise UsageError(
-                    f"Could not find module {module_name}.\n{type(exc).__name__}: {exc}"
-                ) from None
-            profiler.add_module(module)
-
+        self._add_targets(profiler, opts)
         message = None
         failure: BaseException | None = None
         try:
             with patched_builtins_profile(profiler):
-                profiler.runctx(statement, self.shell.user_global_ns, namespace)
+                profiler.runctx(statement, self.shell.user_global_ns, self.shell.user_ns)
         except (SystemExit, KeyboardInterrupt) as exc:
             message = f"{type(exc).__name__} exception caught in code being profiled."
         except ProfilerBusy as exc:
@@ -136,6 +121,59 @@ class LprunMagics(Magics):
         if failure is not None:
             raise failure
         return profiler if "r" in opts else None
+
+    def _add_targets(self, profiler: Any, opts: Any) -> None:
+        """Resolve ``-f`` expressions and ``-m`` modules in the user's namespace."""
+        assert self.shell is not None
+        namespace = self.shell.user_ns
+        for expression in opts.get("f", []):
+            try:
+                target = eval(expression, self.shell.user_global_ns, namespace)
+            except Exception as exc:
+                raise UsageError(
+                    f"Could not find function {expression}.\n{type(exc).__name__}: {exc}"
+                ) from None
+            try:
+                profiler.add_target(target, name=expression)
+            except TypeError:
+                raise UsageError(
+                    f"-f {expression}: {type(target).__name__!r} objects are not code to profile; "
+                    "give a function, method, property, class, partial or nn.Module"
+                ) from None
+        for module_name in opts.get("m", []):
+            try:
+                module = __import__(module_name, fromlist=[""])
+            except Exception as exc:
+                raise UsageError(
+                    f"Could not find module {module_name}.\n{type(exc).__name__}: {exc}"
+                ) from None
+            profiler.add_module(module)
+
+
+def _check_statement(statement: str) -> None:
+    """A statement that cannot run is a usage error before anything is profiled."""
+    try:
+        compile(statement, "<string>", "exec")
+    except SyntaxError as exc:
+        if "await" in str(exc.msg):
+            raise UsageError(
+                "%lprun runs its statement with exec, where top-level await is not "
+                "allowed: wrap it, e.g. %lprun -f acoro asyncio.run(acoro(10))"
+            ) from None
+        raise UsageError(
+            f"%lprun: the statement is not valid Python ({exc.msg}): {statement.strip()!r}"
+        ) from None
+
+
+def _check_output_file(letter: str, raw: str) -> None:
+    """``-D`` / ``-T`` name a file that can be written, not the next option."""
+    if raw.startswith("-"):
+        raise UsageError(
+            f"-{letter} takes a file name, got {raw!r}: put the file name right after -{letter}"
+        )
+    parent = Path(raw).expanduser().parent
+    if not parent.is_dir():
+        raise UsageError(f"-{letter} {raw}: there is no directory {str(parent)!r}")
 
 
 def _output_unit(values: list[str] | None) -> float | None:
@@ -161,6 +199,5 @@ def _save(profiler: Any, view: LineProfileDisplay, opts: Any) -> None:
         print(f"\n*** Profile printout saved to text file {raw!r}.")
 
 
-def register(shell: InteractiveShell) -> None:
-    """Register ``%lprun`` (replacing line_profiler's, if it was loaded)."""
-    shell.register_magics(LprunMagics)
+#: What ``%load_ext gpumagic`` registers from this module.
+MAGICS = LprunMagics

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from gpumagic.devices import CudaStatus, DeviceInfo
 
-__all__ = ["GpuMemMagics", "register", "unregister"]
+__all__ = ["MAGICS", "GpuMemMagics", "unregister"]
 
 # IPython's helpers are untyped; these typed names keep mypy strict here.
 magic_arguments: Callable[[], Callable[[Callable[..., Any]], Callable[..., Any]]] = (
@@ -363,9 +363,8 @@ def _no_cuda(status: CudaStatus) -> str:
     return f"no CUDA here: {status.reason}"
 
 
-def register(shell: InteractiveShell) -> None:
-    """Register ``%gpumem`` / ``%%gpumem`` on ``shell``."""
-    shell.register_magics(GpuMemMagics)
+#: What ``%load_ext gpumagic`` registers from this module.
+MAGICS = GpuMemMagics
 
 
 def unregister(shell: InteractiveShell) -> None:

@@ -39,12 +39,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType
 
-    from IPython.core.interactiveshell import InteractiveShell
-
     from gpumagic.timing import Body
     from gpumagic.timing_result import CudaTimeResult
 
-__all__ = ["CudaTimeMagics", "register"]
+__all__ = ["MAGICS", "CudaTimeMagics"]
 
 # The %timeit template: the loop runs inside the compiled function, not in the engine.
 _TEMPLATE = """\
@@ -369,6 +367,5 @@ def _label(body: str) -> str:
     return text if len(text) <= 70 else text[:69] + "…"
 
 
-def register(shell: InteractiveShell) -> None:
-    """Register ``%cudatime`` on ``shell``."""
-    shell.register_magics(CudaTimeMagics)
+#: What ``%load_ext gpumagic`` registers from this module.
+MAGICS = CudaTimeMagics

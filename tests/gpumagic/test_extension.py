@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import gpumagic
 
 if TYPE_CHECKING:
+    import pytest
     from IPython.core.interactiveshell import InteractiveShell
 
 
@@ -29,3 +30,45 @@ def test_extension_loading_creates_no_cuda_context() -> None:
         "assert torch is None or not torch.cuda.is_initialized()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+OURS = {"line": ("cudatime", "gpumem", "lprun"), "cell": ("cudatime", "gpumem")}
+
+
+def test_unload_removes_every_magic_and_loading_again_restores_them(
+    shell: InteractiveShell,
+) -> None:
+    table = shell.magics_manager.magics
+    for kind, names in OURS.items():
+        assert all(name in table[kind] for name in names)
+    shell.run_line_magic("unload_ext", "gpumagic")
+    for kind, names in OURS.items():
+        assert not any(name in table[kind] for name in names), (kind, names)
+    assert "CudaTimeMagics" not in shell.magics_manager.registry
+    assert not shell.run_cell("%cudatime 1 + 1").success
+    shell.run_line_magic("load_ext", "gpumagic")
+    assert shell.run_cell("%cudatime --budget 0.05 -q 1 + 1").success
+
+
+def test_taking_lprun_from_line_profiler_says_so_and_unload_gives_it_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.clear_instance()
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "line_profiler")
+        theirs = shell.magics_manager.magics["line"]["lprun"]
+        shell.run_line_magic("load_ext", "gpumagic")
+        out = capsys.readouterr().out
+        assert out.count("\n") == 1
+        assert (
+            "gpumagic: %lprun replaces line_profiler's (%unload_ext gpumagic puts it back)" in out
+        )
+        assert shell.magics_manager.magics["line"]["lprun"] is not theirs
+        shell.run_line_magic("unload_ext", "gpumagic")
+        assert shell.magics_manager.magics["line"]["lprun"] == theirs
+        assert "cudatime" not in shell.magics_manager.magics["line"]
+    finally:
+        InteractiveShell.clear_instance()

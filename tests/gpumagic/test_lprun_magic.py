@@ -273,12 +273,26 @@ def test_profiling_a_file_keeps_every_cells_source(
         ("%lprun -u -1 1", "positive time unit"),
         ("%lprun -f len", "needs a statement to run"),
         ("%lprun --colour 1", "option --colour not recognized"),
+        ("%lprun -f 42 len([])", "-f 42: 'int' objects are not code to profile"),
+        ("%lprun -D -f len len([])", "-D takes a file name, got '-f'"),
+        ("%lprun -D /nonexistent/x.lprof -f len len([])", "there is no directory '/nonexistent'"),
+        ("%lprun -T /nonexistent/x.txt -f len len([])", "there is no directory '/nonexistent'"),
+        ("%lprun -f len await asyncio.sleep(0)", "top-level await is not allowed"),
+        ("%lprun -f len len(", "the statement is not valid Python"),
     ],
 )
-def test_bad_input_is_a_usage_error(shell: InteractiveShell, line: str, message: str) -> None:
+def test_bad_input_is_a_usage_error(
+    shell: InteractiveShell,
+    line: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
     result = shell.run_cell(line)
     assert isinstance(result.error_in_exec, UsageError)
     assert message in str(result.error_in_exec)
+    assert not list(tmp_path.iterdir())  # no file written (-D -f wrote one named "-f")
 
 
 # -- coverage of what can be profiled --------------------------------------------------
