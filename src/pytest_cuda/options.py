@@ -89,7 +89,9 @@ def add_options(parser: Parser) -> None:
         action="store_true",
         default=False,
         help="strict mode for GPU CI: a test that would be skipped for lack of a GPU, "
-        "devices, memory or compute capability fails instead, with the same reason.",
+        "devices, memory or compute capability fails instead, with the same reason; with "
+        "no usable CUDA device at all the run stops at once (a usage error), whatever "
+        "its tests are.",
     )
     parser.addini(
         "cuda_devices",

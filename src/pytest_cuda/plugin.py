@@ -20,7 +20,7 @@ Public API for the other pytest_cuda modules:
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import pytest
 
@@ -29,6 +29,7 @@ from pytest_cuda.collection import marker_names
 from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
     from types import ModuleType
 
     import torch  # noqa: TID251 -- annotations only: the fixtures return torch.device
@@ -115,6 +116,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if _asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
         _run_devices(config)
+    if config.getoption("cuda_require"):
+        # A GPU job whose runner lost its GPU fails at once, whatever its tests are.
+        run = _run_devices(config)
+        if not run.devices:
+            why = _unavailable(run.status) if not run.status.available else "no device selected"
+            raise pytest.UsageError(f"--cuda-require: no usable CUDA device here: {why}")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -176,6 +183,8 @@ def _header(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cuda_device" not in metafunc.fixturenames:
         return
+    if "cuda_device" not in _ours(metafunc._arg2fixturedefs, ("cuda_device",)):
+        return  # the user's own cuda_device fixture: theirs to parametrize
     run = _run_devices(metafunc.config)
     # A pinned xdist worker hands out its own device; every worker must collect the
     # same tests, so none of them parametrizes.
@@ -294,7 +303,7 @@ def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
     requirement = merge_requirements(
         parse_cuda_marker(mark.args, mark.kwargs) for mark in item.iter_markers("cuda")
     )
-    if requirement is None and set(getattr(item, "fixturenames", ())) & set(DEVICE_FIXTURES):
+    if requirement is None and _our_device_fixtures(item):
         return CudaRequirement()
     return requirement
 
@@ -323,7 +332,29 @@ def _uses_cuda(item: pytest.Item, marked: bool = True) -> bool:
     """
     if marked and item.get_closest_marker("cuda") is not None:
         return True
-    return not _DEVICE_FIXTURE_SET.isdisjoint(getattr(item, "fixturenames", ()))
+    return bool(_our_device_fixtures(item))
+
+
+def _our_device_fixtures(item: pytest.Item) -> frozenset[str]:
+    """The device fixtures ``item`` takes that are this plugin's: a fixture of the same
+    name in the user's conftest or module overrides ours, as pytest's rules say, and
+    then asks nothing of the GPU."""
+    names = _DEVICE_FIXTURE_SET.intersection(getattr(item, "fixturenames", ()))
+    if not names:
+        return frozenset()
+    info = getattr(item, "_fixtureinfo", None)
+    return _ours(getattr(info, "name2fixturedefs", {}), names)
+
+
+def _ours(definitions: Mapping[str, Sequence[Any]], names: Iterable[str]) -> frozenset[str]:
+    """Of ``names``, those whose closest fixture definition is this module's."""
+    found = set()
+    for name in names:
+        defs = definitions.get(name)
+        func = getattr(defs[-1], "func", None) if defs else None
+        if defs is None or getattr(func, "__module__", __name__) == __name__:
+            found.add(name)
+    return frozenset(found)
 
 
 def _device_request(config: pytest.Config) -> DeviceRequest | None:

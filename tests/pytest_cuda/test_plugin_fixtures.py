@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pytest
 from fakenvml import CPU_BUILD, CPU_BUILD_REASON, GIB, board, h200s
 from reports import skip_reasons
 
 if TYPE_CHECKING:
-    import pytest
-
     from conftest import FakeGpus
 
 REQUIRE = "(--cuda-require turns this skip into a failure)"
@@ -107,8 +106,42 @@ def test_cuda_device_without_a_gpu_skips_unparametrized(
     result.stdout.fnmatch_lines(["*::test_device SKIPPED*", "*::test_devices SKIPPED*"])
     assert skip_reasons(result) == {f"CUDA unavailable: {CPU_BUILD_REASON}": 2}
     failed = pytester.runpytest("--cuda-require")
-    failed.assert_outcomes(errors=2)
-    failed.stdout.fnmatch_lines([f"CUDA unavailable: {CPU_BUILD_REASON} {REQUIRE}"])
+    assert failed.ret == pytest.ExitCode.USAGE_ERROR
+    failed.stderr.fnmatch_lines(
+        [f"*--cuda-require: no usable CUDA device here: CUDA unavailable: {CPU_BUILD_REASON}"]
+    )
+
+
+def test_a_users_own_device_fixture_wins(pytester: pytest.Pytester, fake_gpus: FakeGpus) -> None:
+    """A conftest fixture named cuda_device overrides the plugin's (pytest's rules): an
+    unmarked test that takes it runs, neither skipped nor parametrized per device."""
+    fake_gpus(**CPU_BUILD)
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture
+        def cuda_device():
+            return "the user's own device"
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_own(cuda_device):
+            assert cuda_device == "the user's own device"
+
+        @pytest.mark.cuda
+        def test_marked(cuda_device):
+            pass
+        """
+    )
+    result = pytester.runpytest("-v", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)  # the marker still asks for a GPU
+    result.stdout.fnmatch_lines(["*::test_own PASSED*", "*::test_marked SKIPPED*"])
+    (reason,) = skip_reasons(result)
+    assert reason.startswith("CUDA unavailable: ")
 
 
 def test_cuda_devices_lists_the_selection(pytester: pytest.Pytester, fake_gpus: FakeGpus) -> None:

@@ -7,10 +7,9 @@ covers NVML discovery too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import pytest
 
-if TYPE_CHECKING:
-    import pytest
+from gpumagic import cuda
 
 CHECKING_CONFTEST = """
 import sys
@@ -25,6 +24,10 @@ discovery._status_now = lambda: discoveries.append(1) or real()
 def pytest_sessionfinish(session):
     print("\\nTORCH IMPORTED:", "torch" in sys.modules)
     print("DISCOVERIES:", len(discoveries))
+
+
+def pytest_unconfigure(config):
+    print("\\nTORCH IMPORTED AT THE END:", "torch" in sys.modules)
 """
 
 CPU_ONLY = """
@@ -54,7 +57,14 @@ def test_options_and_xdist_import_no_torch(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CHECKING_CONFTEST)
     pytester.makepyfile(CPU_ONLY)
     result = pytester.runpytest_subprocess("-s", "-n", "2", "--cuda-devices=all", "--cuda-require")
-    result.assert_outcomes(passed=21)
+    if cuda.status().available:
+        result.assert_outcomes(passed=21)
+    else:  # no GPU here: --cuda-require ends the run at once, still without torch
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*--cuda-require: no usable CUDA device here: *"])
+        result = pytester.runpytest_subprocess("-s", "-n", "2", "--cuda-devices=all")
+        result.assert_outcomes(passed=21)
+    result.stdout.fnmatch_lines(["*TORCH IMPORTED AT THE END: False"])
 
 
 def test_skip_checks_import_no_torch(pytester: pytest.Pytester) -> None:

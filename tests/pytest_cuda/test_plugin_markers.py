@@ -256,6 +256,11 @@ def test_require_fails_with_the_same_reason(
     skipped.assert_outcomes(passed=1, skipped=1)
     assert skip_reasons(skipped) == {reason: 1}
     failed = pytester.runpytest("--cuda-require")
+    if reason.startswith("CUDA unavailable"):
+        # No usable device at all: the whole run is an error, before any test.
+        assert failed.ret == pytest.ExitCode.USAGE_ERROR
+        failed.stderr.fnmatch_lines([f"*--cuda-require: no usable CUDA device here: {reason}"])
+        return
     failed.assert_outcomes(passed=1, errors=1)
     failed.stdout.fnmatch_lines(
         ["*ERROR at setup of test_gpu*", f"{reason} {REQUIRE}", "ERROR *::test_gpu - *"]
