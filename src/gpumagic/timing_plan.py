@@ -203,27 +203,42 @@ def side_work(runs: Sequence[Run], baseline_tail: float) -> list[float] | None:
 def warnings_for(result: CudaTimeResult) -> list[str]:
     """Spread, a slow first call, a fast first run, a result near the timing floor."""
     warn = []
+    gpu = result.clock == "gpu"
     if result.repeat >= 3 and result.rel_iqr > NOISY:
+        causes = (
+            "other work on the GPU or host, clock changes, or work that varies between calls"
+            if gpu
+            else "other work on this machine, or work that varies between calls"
+        )
         warn.append(
-            f"the spread is large: IQR is {result.rel_iqr * 100:.0f} % of the median (other "
-            "work on the GPU or host, clock changes, or work that varies between calls)"
+            f"the spread is large: IQR is {result.rel_iqr * 100:.0f} % of the median ({causes})"
         )
     steady = result.host_time
     first = result.first_call
     if first is not None and first > 1e-3 and first > FIRST_CALL_FACTOR * steady:
+        causes = (
+            "compilation, autotuning, cuBLAS heuristics or lazy loading"
+            if gpu
+            else "imports, caches being filled, compilation or lazy initialisation"
+        )
         warn.append(
             f"the first call took {format_time(first)}, {first / steady:,.0f}{TIMES} the "
-            "steady state (compilation, autotuning, cuBLAS heuristics or lazy loading); it is "
-            "not in the numbers"
+            f"steady state ({causes}); it is not in the numbers"
         )
     values = result.timings
     if len(values) >= 5:
         later = quantile(values[len(values) // 2 :], 0.5)
         if later > 0 and (later - values[0]) / later > DRIFT:
+            why = (
+                "clocks drop under sustained load (power or thermal limits) and recover "
+                "after idling; the median describes the sustained state"
+                if gpu
+                else "the body got slower as it ran (data or caches that grow, other work on "
+                "this machine); the median describes the later runs"
+            )
             warn.append(
                 f"the first run was {(later - values[0]) / later * 100:.0f} % faster than the "
-                "later ones: clocks drop under sustained load (power or thermal limits) and "
-                "recover after idling; the median describes the sustained state"
+                f"later ones: {why}"
             )
     if result.floor and result.median < FLOOR_FACTOR * result.floor:
         warn.append(

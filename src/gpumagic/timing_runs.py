@@ -307,6 +307,7 @@ class Timer:
         deadline = self.began + options.budget
         target = block_target(options.budget)
         resizes = MAX_RESIZES if fixed or options.loops is not None else 0
+        kept_since = self.clock()  # the start of the runs kept (after the last resize)
         try:
             while True:
                 run = measure(loops)
@@ -316,6 +317,7 @@ class Timer:
                     resizes += 1
                     loops = max(unroll, round(target / per / unroll) * unroll)
                     runs.clear()
+                    kept_since = self.clock()
                     continue
                 runs.append(run)
                 values = [r.gpu if primary == "gpu" else r.host for r in runs]
@@ -328,9 +330,11 @@ class Timer:
                 raise
             self.report.interrupt(f"after {len(runs)} run{'s' if len(runs) > 1 else ''}")
         if options.repeat is None and len(runs) < MIN_RUNS and not self.report.interrupted:
+            before = kept_since - self.began
             self.report.notes.append(
                 f"Only {len(runs)} runs fit in the budget of {options.budget:g} s (--budget): "
-                f"a run takes {format_time(quantile([r.host for r in runs], 0.5))}."
+                f"warm-up and sizing took {format_time(before)}, then a run took "
+                f"{format_time(quantile([r.host for r in runs], 0.5))}."
             )
         return runs
 

@@ -19,6 +19,7 @@ from gpumagic import cuda, cuda_errors, timing, timing_plan, timing_runs
 from gpumagic.cuda import runtime
 from gpumagic.devices import CudaStatus, DeviceInfo
 from gpumagic.timing import TimingOptions, time_cuda
+from gpumagic.timing_result import CudaTimeResult
 from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
@@ -89,6 +90,37 @@ def test_host_timing_reports_like_timeit(monkeypatch: pytest.MonkeyPatch) -> Non
     assert result.label == "s"
     assert result.all_runs == result.host_runs
     assert any("Timed on the host like %timeit (--device cpu)" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("clock", ["host", "gpu"])
+def test_warnings_name_causes_of_the_clock_used(clock: str) -> None:
+    """A slow first call, a fast first run and a large spread, on each clock."""
+    runs = [1e-3, 1.3e-3, 1.1e-3, 1.6e-3, 1.2e-3, 1.5e-3, 1.4e-3]
+    result = CudaTimeResult(
+        loops=1, repeat=7, all_runs=runs, host_runs=runs, clock=clock, first_call=0.5
+    )
+    text = " ".join(timing_plan.warnings_for(result))
+    assert "the first call took 500 ms" in text
+    assert "the first run was" in text
+    assert "the spread is large" in text
+    gpu_words = ("cuBLAS", "power or thermal", "autotuning", "on the GPU")
+    if clock == "host":
+        assert not any(word in text for word in gpu_words), text
+        assert "other work on this machine" in text
+    else:
+        assert all(word in text for word in gpu_words), text
+
+
+def test_the_budget_note_adds_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of 300 ms in a 1 s budget: the note says where the rest of it went."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    result = time_cuda(clock.body(0.3), TimingOptions(host_only=True), takes_count=False)
+    (note,) = [n for n in result.notes if n.startswith("Only")]
+    assert note == (
+        f"Only {result.repeat} runs fit in the budget of 1 s (--budget): warm-up and sizing "
+        "took 300 ms, then a run took 300 ms."
+    )
 
 
 def test_host_timing_with_fixed_loops_and_repeat() -> None:
