@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 from line_profiler import LineProfiler, LineStats
 from line_profiler._line_profiler import label as _code_label
 
+from gpumagic import cuda
 from gpumagic.lineprof_hook import BoundaryHook, CodeInfo, Label, LineExtras, Record
 from gpumagic.lineprof_install import (
     MonitoringInstaller,
@@ -214,26 +215,27 @@ class GpuLineProfiler(LineProfiler):
         )
         trace_before = sys.gettrace()
         started = time.perf_counter()
+        # Without CUDA in use there is nothing to synchronize: line_profiler's tracer
+        # alone runs, with its own numbers, until torch starts CUDA (if it does).
+        wanted = bool(codes) and (self.sync or self.gpu or self.memory)
+        now = wanted and bool(cuda.devices_with_context())
         with contextlib.ExitStack() as stack:
             if self.gpu:
                 stack.enter_context(hook.counting_sync_warnings())
             stack.callback(hook.finish)
-            if not codes:
-                record.hook = "none"
-            elif isinstance(installer, TraceInstaller):
+            record.hook = "none"
+            if legacy:
                 stack.callback(restore_trace, trace_before)
+            if now and isinstance(installer, TraceInstaller):
                 installer.calibrate()
-                self.enable_by_count()
-                stack.callback(self.disable_by_count)
-                installer.install()
-                stack.callback(installer.uninstall)
-                record.hook = installer.kind
-            else:
-                installer.install()
-                stack.callback(installer.uninstall)
-                self.enable_by_count()
-                stack.callback(self.disable_by_count)
-                record.hook = installer.kind
+            self.enable_by_count()
+            stack.callback(self.disable_by_count)
+            late = _LateStart(installer, record)
+            stack.callback(late.close)
+            if now:
+                late.start()
+            elif wanted:
+                cuda.on_cuda_init(late.start_within_cuda_init)
             try:
                 yield
             finally:
@@ -254,8 +256,11 @@ class GpuLineProfiler(LineProfiler):
 
     def get_stats(self) -> LineStats:
         """line_profiler ``LineStats`` with gpumagic's own per-line cost removed and each
-        multi-line statement counted once, on its first line."""
+        multi-line statement counted once, on its first line; line_profiler's own stats
+        when the hook never ran (no CUDA in use)."""
         raw = self.raw_stats()
+        if self._record.hook == "none":
+            return raw  # no CUDA was used: line_profiler's tracer alone ran
         unit = raw.unit
         infos = self._infos_by_label()
         timings: dict[Label, list[tuple[int, int, int]]] = {}
@@ -331,6 +336,46 @@ class GpuLineProfiler(LineProfiler):
             notes=notes,
             message=message,
         )
+
+
+class _LateStart:
+    """Installs the boundary hook now, or when torch starts CUDA during the session (as
+    torch's lazy initialisation calls it back: it must not raise); uninstalls it at the
+    end. A late start after the session has ended does nothing."""
+
+    def __init__(self, installer: MonitoringInstaller | TraceInstaller, record: Record) -> None:
+        self.installer = installer
+        self.record = record
+        self.installed = False
+        self.closed = False
+
+    def start(self) -> None:
+        if self.installed or self.closed:
+            return
+        installer = self.installer
+        if isinstance(installer, TraceInstaller):
+            if sys.gettrace() is None:
+                return  # line_profiler is no longer tracing this thread
+            installer.install()
+            installer.adopt_running_frames()
+        else:
+            installer.install()
+        self.installed = True
+        self.record.hook = installer.kind
+
+    def start_within_cuda_init(self) -> None:
+        """:meth:`start`, called back by torch's lazy CUDA initialisation, where an
+        exception would fail the user's first CUDA call: a failure is reported instead."""
+        try:
+            self.start()
+        except Exception as exc:
+            self.record.failure = self.record.failure or f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        self.closed = True
+        if self.installed:
+            self.installer.uninstall()
+            self.installed = False
 
 
 _ABSENT = object()

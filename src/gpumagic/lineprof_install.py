@@ -146,6 +146,7 @@ class TraceInstaller:
     def __init__(self, hook: BoundaryHook, codes: list[CodeType]) -> None:
         self.hook = hook
         self.codes = frozenset(codes)
+        self.local: Callable[..., Any] | None = None
 
     def calibrate(self) -> None:
         """Measure the hook's unseen cost; before line_profiler is enabled (its trace
@@ -165,7 +166,7 @@ class TraceInstaller:
             raise ProfilerBusy("line_profiler did not install its trace function")
         codes = self.codes
         forward_all = bool(getattr(manager, "wrap_trace", False))
-        local = _make_local(self.hook, manager)
+        local = self.local = _make_local(self.hook, manager)
 
         def forward(frame: FrameType, event: str, arg: Any) -> Any:
             manager(frame, event, arg)
@@ -181,6 +182,15 @@ class TraceInstaller:
             return None
 
         sys.settrace(on_call)
+
+    def adopt_running_frames(self) -> None:
+        """Put the hook in front of line_profiler in the profiled frames already running
+        (the hook was installed while they ran: CUDA started within the session)."""
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code in self.codes:
+                frame.f_trace = self.local
+            frame = frame.f_back
 
     def uninstall(self) -> None:
         """Nothing to do: line_profiler's own disable puts its predecessor back."""

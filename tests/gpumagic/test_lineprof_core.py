@@ -213,10 +213,18 @@ def test_cuda_starting_within_the_run_is_picked_up(
     from gpumagic import cuda
 
     started: list[int] = []
+    queued: list[Callable[[], object]] = []
     monkeypatch.setattr(cuda, "devices_with_context", lambda: tuple(started))
+    monkeypatch.setattr(cuda, "on_cuda_init", lambda call: queued.append(call) or True)
+
+    def start_cuda() -> None:
+        """What torch's lazy initialisation does: a context, then the queued calls."""
+        started.append(0)
+        for call in queued:
+            call()
 
     def first_use(dev: FakeDevice) -> float:
-        started.append(0)
+        start_cuda()
         dev.launch(WORK)
         return dev.item()
 
@@ -224,6 +232,7 @@ def test_cuda_starting_within_the_run_is_picked_up(
     lines = rows(prof, first_use)
     assert lines[2][1] >= WORK * 0.98
     assert prof.result().cuda_used
+    assert prof.result().hook in ("sys.settrace", "sys.monitoring")
 
 
 def test_without_cuda_nothing_is_synchronized(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,10 +250,34 @@ def test_without_cuda_nothing_is_synchronized(monkeypatch: pytest.MonkeyPatch) -
     assert synchronized == []
 
 
+def test_without_cuda_line_profilers_tracer_runs_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No hook, so no cost beyond line_profiler's: its own numbers, unchanged."""
+    from gpumagic import cuda
+
+    monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
+    queued: list[Callable[[], object]] = []
+    monkeypatch.setattr(cuda, "on_cuda_init", lambda call: queued.append(call) or True)
+
+    def busy(n: int) -> int:
+        a = 0
+        for i in range(n):
+            a += i
+        return a
+
+    prof = profile(busy, 1000)
+    assert prof.result().hook == "none"
+    assert prof.get_stats().timings == prof.raw_stats().timings
+    assert len(queued) == 1  # ready to start if torch starts CUDA during the session
+    queued[0]()  # after the session: nothing happens
+    assert prof.result().hook == "none"
+
+
 # -- what line_profiler would get wrong or what it keeps -------------------------------
 
 
-def test_multiline_statement_counted_once() -> None:
+def test_multiline_statement_counted_once(dev: FakeDevice) -> None:
     def multi(n: int) -> int:
         total = max(
             n,
@@ -281,7 +314,7 @@ def test_statement_lines_map_continuations_and_headers() -> None:
     assert statement_lines((lambda: 0).__code__) == ({}, frozenset())
 
 
-def test_loop_headers_keep_line_profiler_hits() -> None:
+def test_loop_headers_keep_line_profiler_hits(dev: FakeDevice) -> None:
     def loop() -> int:
         total = 0
         for i in range(
@@ -352,7 +385,7 @@ def test_keyboard_interrupt_stops_synchronizing(dev: FakeDevice) -> None:
     assert rows(prof, interrupted)[1][1] >= WORK * 0.98  # synchronized until then
 
 
-def test_own_cost_is_subtracted() -> None:
+def test_own_cost_is_subtracted(dev: FakeDevice) -> None:
     """gpumagic's hook costs about a microsecond per line; most of it is removed."""
 
     def busy(n: int) -> int:

@@ -210,7 +210,7 @@ def test_text_file_and_lprof_round_trip(shell: InteractiveShell, tmp_path: Path)
     assert "Line #      Hits         Time  Per Hit   % Time  Line Contents" in shown
 
 
-def test_return_value_only_with_r(shell: InteractiveShell) -> None:
+def test_return_value_only_with_r(shell: InteractiveShell, dev: FakeDevice) -> None:
     cell(shell, "def m():\n    return 1\n")
     assert Run(shell, "%lprun -f m m()").result.result is None
     prof = Run(shell, "%lprun -r -f m m()").result.result
@@ -415,7 +415,7 @@ def test_recursion(shell: InteractiveShell) -> None:
     assert run.table("fib")["if n < 2:"][0] == "15"
 
 
-def test_multiline_statement_counted_once(shell: InteractiveShell) -> None:
+def test_multiline_statement_counted_once(shell: InteractiveShell, dev: FakeDevice) -> None:
     cell(shell, "def ml(a):\n    b = max(\n        a,\n        2)\n    return b\n")
     run = Run(shell, "%lprun -f ml ml(1)")
     rows = run.table("ml")
