@@ -1,0 +1,75 @@
+"""The distribution as a packager builds it: ``python -m build`` makes a wheel and an
+sdist that ``twine check --strict`` passes, with the licence in both, and the wheel
+installed into a fresh virtual environment gives ``import gpumagic``, the pytest plugin
+and ``%load_ext gpumagic``.
+
+The fresh environment gets the wheel alone (``--no-deps``, nothing downloaded); its
+dependencies (torch, IPython, pytest, line_profiler) come from this environment's
+site-packages, read through a ``.pth`` line, which does not carry this checkout's
+editable install.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.xdist_group("packaging")
+
+
+def run(*args: str | Path, cwd: Path = ROOT) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"{args}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_build_check_and_install_the_wheel(tmp_path: Path) -> None:
+    pytest.importorskip("build")
+    pytest.importorskip("twine")
+    dist = tmp_path / "dist"
+    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, ROOT)
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
+    run(sys.executable, "-m", "twine", "check", "--strict", wheel, sdist)
+    assert any(n.endswith("licenses/LICENSE") for n in zipfile.ZipFile(wheel).namelist())
+    with tarfile.open(sdist) as archive:
+        names = archive.getnames()
+    assert any(n.endswith("/LICENSE") for n in names)
+    assert not any("/tests/" in n for n in names)  # all of the suite or none of it
+
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel)
+    fresh = Path(
+        run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    )
+    (fresh / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    where = run(
+        python, "-c", "import gpumagic, pytest_cuda; print(gpumagic.__file__)", cwd=tmp_path
+    )
+    assert where.startswith(str(fresh)), where
+    help_text = run(python, "-m", "pytest", "--help", "-p", "no:cacheprovider", cwd=tmp_path)
+    assert "--cuda-leak-check" in help_text
+    loaded = run(
+        python,
+        "-c",
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'gpumagic')\n"
+        "print(sorted(n for n in ip.magics_manager.magics['line'] if n in "
+        "('cudatime', 'gpumem', 'lprun')))\n",
+        cwd=tmp_path,
+    )
+    assert loaded.strip() == "['cudatime', 'gpumem', 'lprun']"
