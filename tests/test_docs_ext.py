@@ -85,7 +85,7 @@ def test_pytest_help_holds_every_option_marker_and_fixture(
     )
     assert "--cuda-leak-check" in options
     help_text = pytest_help.cuda_help()
-    assert help_text.startswith("CUDA devices (pytest_cuda):")
+    assert help_text.startswith("CUDA (pytest_cuda): devices, leak checks")
     for option in options:
         assert f"  {option}" in help_text, option
     assert "  cuda_devices (string):" in help_text

@@ -33,6 +33,7 @@ __all__ = [
     "PeakReset",
     "ProcessMemory",
     "Released",
+    "check_device_spec",
     "read_devices",
     "read_report",
     "select_devices",
@@ -166,11 +167,22 @@ class MemoryReport:
 # Reading the devices
 
 
+def check_device_spec(spec: str | None) -> None:
+    """:class:`ValueError` when ``--device`` is not written as ``0``, ``cuda:1``,
+    ``0,1`` or ``all`` (checked with or without a GPU)."""
+    if spec is None or spec.strip().lower() in ("", "all"):
+        return
+    for token in spec.split(","):
+        if not token.strip().lower().removeprefix("cuda:").isdigit():
+            raise ValueError(f"--device {spec!r}: use an index such as 0 or cuda:0, 0,1 or all")
+
+
 def select_devices(devices: Sequence[DeviceInfo], spec: str | None) -> tuple[DeviceInfo, ...]:
     """The devices ``--device`` names (``1``, ``cuda:1``, ``0,1``, ``all``; default all).
 
     Raises :class:`ValueError` naming the visible devices when ``spec`` names another.
     """
+    check_device_spec(spec)
     if spec is None or spec.strip().lower() in ("", "all"):
         return tuple(devices)
     visible = ", ".join(f"cuda:{d.index}" for d in devices) or "none"

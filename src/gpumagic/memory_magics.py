@@ -140,6 +140,10 @@ class GpuMemMagics(Magics):
             y = model(x)
         """
         args = parse_argstring(self.gpumem, line)
+        try:
+            memory.check_device_spec(args.device)  # with or without a GPU
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         if cell is None:
             return self._line(args)
         return self._cell(args, cell)

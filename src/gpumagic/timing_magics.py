@@ -72,7 +72,7 @@ class CudaTimeMagics(Magics):
         dest="loops",
         type=int,
         metavar="N",
-        help="loops per run (default: sized to the budget)",
+        help="loops per run (default, or 0: sized to the budget)",
     )
     @argument(
         "-r",
@@ -281,7 +281,8 @@ def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespa
             break
         token, position = _token(line, start)
         if expect_value:
-            argv.append(token)
+            # Attached, so that a value starting with '-' (--bytes -1GiB) stays a value.
+            argv[-1] += ("=" if argv[-1].startswith("--") else "") + token
             expect_value = False
             continue
         if token == "--":
@@ -290,6 +291,12 @@ def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespa
             position = start
             break
         name = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+        if name in ("-t", "-c"):
+            raise UsageError(
+                f"%cudatime: {name} picks %timeit's host clock; %cudatime times GPU work with "
+                "CUDA events and host work with time.perf_counter (as %timeit -t), so it "
+                "takes no clock option"
+            )
         if name not in takes_value:
             raise UsageError(
                 f"%cudatime: unknown option {token!r} (see %cudatime?); put -- before a "
@@ -340,7 +347,7 @@ def _options(args: argparse.Namespace) -> TimingOptions:
         raise UsageError(f"%cudatime: -v {args.variable!r} is not a variable name")
     try:
         return TimingOptions(
-            loops=args.loops,
+            loops=args.loops or None,  # -n 0: choose, as %timeit does
             repeat=args.repeat,
             warmup=args.warmup,
             budget=args.budget,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -305,9 +306,17 @@ class CudaTimeResult:
         """The multi-line terminal rendering."""
         lines = [f"%cudatime  {self.label}".rstrip() + f"    [{self._header()}]"]
         for name, value, detail in self.rows():
-            lines.append(f"  {name:<12} {value:<20} {detail}".rstrip())
-        lines.extend(f"  ! {w}" for w in self.warnings)
-        lines.extend(f"  · {n}" for n in self.notes)
+            head = f"  {name:<12} {value:<20} "
+            parts = textwrap.wrap(detail, width=max(20, 80 - len(head))) or [""]
+            lines.append((head + parts[0]).rstrip())
+            lines.extend(" " * len(head) + part for part in parts[1:])
+        for mark, texts in (("!", self.warnings), ("·", self.notes)):
+            for text in texts:
+                lines.extend(
+                    textwrap.wrap(
+                        text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    "
+                    )
+                )
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's RepresentationPrinter

@@ -130,6 +130,8 @@ def parse_amount(text: str, *, sizes: bool = False) -> float:
     Only numbers and ``+ - * / **`` are evaluated; :class:`ValueError` says what is accepted.
     """
     accepted = "a number or arithmetic of numbers such as 2*4096**3"
+    if text.strip().startswith("-"):
+        raise ValueError(f"{text!r} is not a positive count: use {accepted}")
     if sizes:
         accepted += ", or a size such as 512MiB"
         with contextlib.suppress(ValueError):

@@ -60,9 +60,20 @@ MARKER_LINES = (
 )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a number of devices, 1 or more; got {text!r}")
+    return value
+
+
 def add_options(parser: Parser) -> None:
     """Add every pytest_cuda option to one ``pytest --help`` section."""
-    group = parser.getgroup("cuda", "CUDA devices (pytest_cuda)")
+    title = f"CUDA (pytest_cuda): devices, leak checks, sync modes; env ${ENV_DEVICES}"
+    group = parser.getgroup("cuda", title)
     # Each dest is given: pytest then does not compare it with every option so far.
     group.addoption(
         "--cuda-devices",
@@ -78,7 +89,7 @@ def add_options(parser: Parser) -> None:
         "--cuda-devices-per-worker",
         dest="cuda_devices_per_worker",
         metavar="K",
-        type=int,
+        type=_positive_int,
         default=None,
         help="under pytest-xdist, give each worker K of the selected devices "
         "(default 1); -n auto then starts one worker per group.",

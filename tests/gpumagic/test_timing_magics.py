@@ -124,7 +124,7 @@ def test_flops_and_bytes_are_parsed(shell: InteractiveShell) -> None:
     [
         ("%cudatime --bogus x", "unknown option '--bogus'"),
         ("%cudatime -x", "unknown option '-x'"),
-        ("%cudatime -n 0 x", "loops must be at least 1, got 0"),
+        ("%cudatime -n -2 x", "loops must be at least 1, got -2"),
         ("%cudatime -n ten x", "invalid int value: 'ten'"),
         ("%cudatime -r -1 x", "repeat must be at least 1, got -1"),
         ("%cudatime --budget 0 x", "budget must be a positive number of seconds"),
@@ -132,6 +132,10 @@ def test_flops_and_bytes_are_parsed(shell: InteractiveShell) -> None:
         ("%cudatime -p 0 x", "precision must be at least 1"),
         ("%cudatime --flops lots x", "'lots' is not a count"),
         ("%cudatime --bytes -3 x", "'-3' is not a positive count"),
+        ("%cudatime --bytes -1GiB x", "'-1GiB' is not a positive count"),
+        ("%cudatime --flops=-2*3 x", "'-2*3' is not a positive count"),
+        ("%cudatime -t x", "-t picks %timeit's host clock"),
+        ("%cudatime -c x", "-c picks %timeit's host clock"),
         ("%cudatime --device gpu0 x", "--device 'gpu0': use an index (0), cuda:N or cpu"),
         ("%cudatime -v 1abc x", "-v '1abc' is not a variable name"),
         ("%cudatime", "nothing to time; give it a statement after the options"),
@@ -142,6 +146,28 @@ def test_flops_and_bytes_are_parsed(shell: InteractiveShell) -> None:
 )
 def test_bad_input_is_a_usage_error(shell: InteractiveShell, cell: str, message: str) -> None:
     assert message in usage_error(shell, cell)
+
+
+def test_n_0_chooses_the_loops_as_timeit_does(shell: InteractiveShell) -> None:
+    assert run(shell, f"%cudatime -q -v r -n 0 {FAST} x = 1").success
+    assert shell.user_ns["r"].loops > 1
+
+
+def test_text_fits_80_columns() -> None:
+    result = CudaTimeResult(
+        loops=1,
+        repeat=3,
+        all_runs=[1e-3] * 3,
+        host_runs=[1e-3] * 3,
+        clock="host",
+        warnings=["a warning " * 20],
+        notes=["a note that goes on " * 10],
+    )
+    lines = result.text().splitlines()
+    assert all(len(line) <= 80 for line in lines[1:]), lines
+    assert "  ! a warning a warning" in result.text()
+    wrapped = [line for line in lines if line.startswith("    ") and "warning" in line]
+    assert wrapped  # the warning goes on, indented under its mark
 
 
 def test_unknown_device_index_is_a_usage_error(shell: InteractiveShell) -> None:

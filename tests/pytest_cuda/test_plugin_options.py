@@ -25,7 +25,7 @@ def test_options_are_in_help(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(
         [
-            "CUDA devices (pytest_cuda):",
+            "CUDA (pytest_cuda): devices, leak checks, sync modes; env $PYTEST_CUDA_DEVICES:",
             "*--cuda-devices=INDICES*",
             "*--cuda-devices-per-worker=K*",
             "*--cuda-require*strict mode for GPU CI*",
@@ -215,6 +215,16 @@ def test_devices_per_worker_is_checked_only_with_workers(
     pytester.makepyfile(WHICH_DEVICE)
     pytester.runpytest("--cuda-devices-per-worker=2").assert_outcomes(passed=1)
     pytester.runpytest("--cuda-devices-per-worker=2", "-n", "0").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_devices_per_worker_is_a_positive_count(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile("def test_cpu():\n    pass\n")
+    result = pytester.runpytest(f"--cuda-devices-per-worker={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*--cuda-devices-per-worker: takes a number of devices, 1 or more; got '{value}'*"]
+    )
 
 
 def test_plugin_can_be_turned_off(pytester: pytest.Pytester) -> None:
