@@ -21,7 +21,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: lint typecheck pytest docs
+# Every step runs; one line per step with its result and time, then the exit status.
+TEST_STEPS := lint typecheck pytest docs
+test: $(STAMP)
+	@summary=""; failed=0; \
+	for step in $(TEST_STEPS); do \
+	  start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory $$step; then result=passed; else result=FAILED; failed=1; fi; \
+	  summary="$$summary$$(printf '  %-10s %-7s %4s s' $$step $$result $$(( $$(date +%s) - start )))\n"; \
+	done; \
+	printf '\nmake test:\n%b' "$$summary"; \
+	exit $$failed
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples scripts docs/conf.py docs/_ext

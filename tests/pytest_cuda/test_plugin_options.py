@@ -235,3 +235,35 @@ def test_plugin_can_be_turned_off(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:cuda", "--cuda-devices=0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unrecognized arguments: --cuda-devices=0*"])
+
+
+def test_the_documented_ini_keeps_strict_markers_working_with_the_plugin_off(
+    pytester: pytest.Pytester,
+) -> None:
+    """docs/pytest-plugin.md: the ini lines a suite adds to run under -p no:cuda."""
+    pytester.makeini(
+        """
+        [pytest]
+        markers =
+            cuda: needs CUDA (pytest_cuda)
+            cuda_leak_check: CUDA leak check (pytest_cuda)
+            cuda_sync: synchronize after every torch op (pytest_cuda)
+            cuda_no_sync: fail on implicit host-device syncs (pytest_cuda)
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.cuda
+        @pytest.mark.cuda_leak_check
+        @pytest.mark.cuda_sync
+        @pytest.mark.cuda_no_sync
+        def test_marked():
+            pass
+        """
+    )
+    pytester.runpytest("-p", "no:cuda", "--strict-markers").assert_outcomes(passed=1)
+    # And with it on: the ini lines do not clash with the plugin's own (the test runs,
+    # or skips where there is no GPU).
+    assert pytester.runpytest("--strict-markers").ret == pytest.ExitCode.OK
