@@ -14,7 +14,7 @@ import html
 import io
 import linecache
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from line_profiler.line_profiler import get_code_block, get_column_widths, is_generated_code
@@ -23,7 +23,7 @@ from line_profiler.toml_config import ConfigSource
 from gpumagic.units import format_bytes, format_time
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     from gpumagic.lineprof import LineProfileResult
     from gpumagic.lineprof_hook import Label, LineExtras
@@ -125,9 +125,13 @@ def cell_sources_kept() -> Iterator[None]:
 
 
 def render_text(
-    result: LineProfileResult, output_unit: float | None = None, stripzeros: bool = False
+    result: LineProfileResult,
+    output_unit: float | None = None,
+    stripzeros: bool = False,
+    cells: Mapping[str, str] | None = None,
 ) -> str:
-    """The text table (line_profiler's layout) followed by the notes."""
+    """The text table (line_profiler's layout) followed by the notes. ``cells``: the
+    names notebook cells go by (``{filename: "In[2]"}``), shown for their files."""
     stream = io.StringIO()
     if result.gpu_columns or result.memory_columns:
         _show_text(result, stream, output_unit, stripzeros)
@@ -135,6 +139,8 @@ def render_text(
         with cell_sources_kept():
             result.stats.print(stream, output_unit=output_unit, stripzeros=stripzeros)
     text = stream.getvalue().rstrip()
+    for filename, cell in (cells or {}).items():
+        text = text.replace(f"File: {filename}\n", f"File: {cell} ({filename})\n")
     lines = notes(result)
     if lines:
         text += "\n\n" + "\n".join(f"* {line}" for line in lines)
@@ -287,20 +293,30 @@ _STYLE = """
 .gm-lprun .head{margin:8px 0 2px 0}
 .gm-lprun .warn{font-weight:bold;box-shadow:inset 0 -2px rgba(230,120,0,.9)}
 .gm-lprun ul{margin:4px 0;padding-left:18px}
+.gm-lprun td.pct{padding-right:2px}
+.gm-lprun td.bar{text-align:left;padding-left:0;width:62px}
+.gm-lprun td.bar span{display:inline-block;height:9px;border-radius:1px}
 """
 
 
 def _bar(share: float, colour: str) -> str:
+    """A percentage and its bar side by side: the bar has a cell width of its own, so it
+    is never drawn over a number."""
     share = max(0.0, min(100.0, share))
     return (
-        f' style="background:linear-gradient(90deg,{colour} {share:.1f}%,transparent {share:.1f}%)"'
+        f'<td class="pct">{share:.1f}</td><td class="bar"><span style="width:{share * 0.6:.1f}px;'
+        f'background:{colour}"></span></td>'
     )
 
 
 def render_html(
-    result: LineProfileResult, output_unit: float | None = None, stripzeros: bool = False
+    result: LineProfileResult,
+    output_unit: float | None = None,
+    stripzeros: bool = False,
+    cells: Mapping[str, str] | None = None,
 ) -> str:
-    """A self-contained HTML table per function, with bars for % Time and % GPU."""
+    """A self-contained HTML table per function, with bars for % Time and % GPU;
+    ``cells`` as for :func:`render_text`."""
     del output_unit  # HTML shows times in s/ms/µs, whatever the text unit is
     unit = result.stats.unit
     gpu = result.gpu_columns
@@ -317,13 +333,14 @@ def render_html(
         summary = f"total {format_time(total * unit)}"
         if gpu:
             summary += f", GPU {format_time(total_gpu_ms * 1e-3)}"
+        cell = (cells or {}).get(filename)
+        where = f"{cell}, line {start}" if cell else f"{filename}:{start}"
         out.append(
-            f'<div class="head"><b>{html.escape(name)}</b> — {html.escape(filename)}:'
-            f"{start} — {summary}</div>"
+            f'<div class="head"><b>{html.escape(name)}</b> — {html.escape(where)} — {summary}</div>'
         )
-        headers = ["Line #", "Hits", "Time", "Per Hit", "% Time"]
+        headers = ["Line #", "Hits", "Time", "Per Hit", "% Time", ""]
         if gpu:
-            headers += ["GPU Time", "% GPU", "Syncs"]
+            headers += ["GPU Time", "% GPU", "", "Syncs"]
         if memory:
             headers += ["Mem Δ", "Peak"]
         out.append("<table><thead><tr>")
@@ -381,21 +398,18 @@ def _html_row(
         share = 100 * duration / total if total else 0.0
         cells += [
             f"<td>{hits}</td>",
-            f"<td{_bar(share, '#f4a261a0')}>{format_time(duration * unit)}</td>",
+            f"<td>{format_time(duration * unit)}</td>",
             f"<td>{format_time(duration * unit / hits) if hits else ''}</td>",
-            f"<td>{share:.1f}</td>",
+            _bar(share, "#f4a261"),
         ]
     else:
-        cells += ["<td></td>"] * 4
+        cells += ["<td></td>"] * 5
     if result.gpu_columns:
         if extra is not None and extra.gpu_spans:
             share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
-            cells += [
-                f"<td{_bar(share, '#2a9d8fa0')}>{format_time(extra.gpu_ms * 1e-3)}</td>",
-                f"<td>{share:.1f}</td>",
-            ]
+            cells += [f"<td>{format_time(extra.gpu_ms * 1e-3)}</td>", _bar(share, "#2a9d8f")]
         else:
-            cells += ["<td></td>"] * 2
+            cells += ["<td></td>"] * 3
         if flagged:
             assert extra is not None
             cells.append(
@@ -419,13 +433,15 @@ class LineProfileDisplay:
     result: LineProfileResult
     output_unit: float | None = None
     stripzeros: bool = False
+    #: ``{filename: "In[2]"}`` for the notebook cells among the profiled files.
+    cells: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
-        return render_text(self.result, self.output_unit, self.stripzeros)
+        return render_text(self.result, self.output_unit, self.stripzeros, self.cells)
 
     def _repr_html_(self) -> str:
-        return render_html(self.result, self.output_unit, self.stripzeros)
+        return render_html(self.result, self.output_unit, self.stripzeros, self.cells)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.text)

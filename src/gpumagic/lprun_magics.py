@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from gpumagic.lineprof_result import LineProfileDisplay
 
@@ -111,8 +111,12 @@ class LprunMagics(Magics):
         finally:
             profiler.restore_code()
 
+        result = profiler.result(message)
         view = LineProfileDisplay(
-            profiler.result(message), output_unit, stripzeros="z" in opts or "s" in opts
+            result,
+            output_unit,
+            stripzeros="z" in opts or "s" in opts,
+            cells=self._cell_names(label[0] for label in result.stats.timings),
         )
         display(view)
         _save(profiler, view, opts)
@@ -121,6 +125,17 @@ class LprunMagics(Magics):
         if failure is not None:
             raise failure
         return profiler if "r" in opts else None
+
+    def _cell_names(self, filenames: Iterable[str]) -> dict[str, str]:
+        """``{filename: "In[2]"}`` for the files that are notebook or terminal cells."""
+        assert self.shell is not None
+        compiler: Any = self.shell.compile
+        found = {}
+        for filename in filenames:
+            named = compiler.format_code_name(filename)
+            if named is not None:
+                found[filename] = str(named[1])
+        return found
 
     def _add_targets(self, profiler: Any, opts: Any) -> None:
         """Resolve ``-f`` expressions and ``-m`` modules in the user's namespace."""

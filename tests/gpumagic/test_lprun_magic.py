@@ -178,7 +178,9 @@ def test_output_is_displayed_as_html_and_text_never_paged(
     assert "Line Contents" in run.text
     assert "<table>" in run.html
     assert "return 1" in run.html
-    assert "background:linear-gradient" in run.html  # the time bars
+    # The time bars: in cells of their own, never drawn under a number.
+    assert '<td class="pct">100.0</td><td class="bar"><span style="width:60.0px' in run.html
+    assert "linear-gradient" not in run.html
 
 
 def test_unit_and_strip_zeros(shell: InteractiveShell) -> None:
@@ -237,6 +239,15 @@ def test_module_option(
     assert run.result.success
     assert "Function: work at line 1" in run.text
     assert run.table("work")["return n + 1"][0] == "1"
+
+
+def test_cell_functions_are_named_by_their_cell(shell: InteractiveShell) -> None:
+    """Not /tmp/ipykernel_28850/3230289714.py:4 (Jupyter) or <ipython-input-…>."""
+    shell.run_cell("pass", store_history=True)
+    shell.run_cell("def w(n):\n    return n + 1\n", store_history=True)
+    run = Run(shell, "%lprun -f w w(1)")
+    assert "File: In[2] (<ipython-input-2-" in run.text
+    assert "<b>w</b> — In[2], line 1 — total" in run.html
 
 
 def test_profiling_a_file_keeps_every_cells_source(
