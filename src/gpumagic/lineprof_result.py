@@ -125,13 +125,10 @@ def cell_sources_kept() -> Iterator[None]:
 
 
 def render_text(
-    result: LineProfileResult,
-    output_unit: float | None = None,
-    stripzeros: bool = False,
-    cells: Mapping[str, str] | None = None,
+    result: LineProfileResult, output_unit: float | None = None, stripzeros: bool = False
 ) -> str:
-    """The text table (line_profiler's layout) followed by the notes. ``cells``: the
-    names notebook cells go by (``{filename: "In[2]"}``), shown for their files."""
+    """The text table (line_profiler's layout, its ``File:`` lines included) followed
+    by the notes."""
     stream = io.StringIO()
     if result.gpu_columns or result.memory_columns:
         _show_text(result, stream, output_unit, stripzeros)
@@ -139,8 +136,6 @@ def render_text(
         with cell_sources_kept():
             result.stats.print(stream, output_unit=output_unit, stripzeros=stripzeros)
     text = stream.getvalue().rstrip()
-    for filename, cell in (cells or {}).items():
-        text = text.replace(f"File: {filename}\n", f"File: {cell} ({filename})\n")
     lines = notes(result)
     if lines:
         text += "\n\n" + "\n".join(f"* {line}" for line in lines)
@@ -316,7 +311,8 @@ def render_html(
     cells: Mapping[str, str] | None = None,
 ) -> str:
     """A self-contained HTML table per function, with bars for % Time and % GPU;
-    ``cells`` as for :func:`render_text`."""
+    ``cells``: the names notebook cells go by (``{filename: "In[2]"}``), shown instead
+    of their files."""
     del output_unit  # HTML shows times in s/ms/µs, whatever the text unit is
     unit = result.stats.unit
     gpu = result.gpu_columns
@@ -438,7 +434,7 @@ class LineProfileDisplay:
 
     @property
     def text(self) -> str:
-        return render_text(self.result, self.output_unit, self.stripzeros, self.cells)
+        return render_text(self.result, self.output_unit, self.stripzeros)
 
     def _repr_html_(self) -> str:
         return render_html(self.result, self.output_unit, self.stripzeros, self.cells)

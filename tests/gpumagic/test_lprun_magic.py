@@ -242,11 +242,12 @@ def test_module_option(
 
 
 def test_cell_functions_are_named_by_their_cell(shell: InteractiveShell) -> None:
-    """Not /tmp/ipykernel_28850/3230289714.py:4 (Jupyter) or <ipython-input-…>."""
+    """In the HTML (what Jupyter shows), not /tmp/ipykernel_28850/3230289714.py:4; the
+    text keeps line_profiler's File: line."""
     shell.run_cell("pass", store_history=True)
     shell.run_cell("def w(n):\n    return n + 1\n", store_history=True)
     run = Run(shell, "%lprun -f w w(1)")
-    assert "File: In[2] (<ipython-input-2-" in run.text
+    assert "File: <ipython-input-2-" in run.text
     assert "<b>w</b> — In[2], line 1 — total" in run.html
 
 
