@@ -234,7 +234,8 @@ class GpuLineProfiler(LineProfiler):
             stack.callback(late.close)
             if now:
                 late.start()
-            elif wanted:
+            elif wanted and not cuda.is_initialized():
+                # Called back at once if CUDA is initialised: only while it is not yet.
                 cuda.on_cuda_init(late.start_within_cuda_init)
             try:
                 yield

@@ -215,6 +215,7 @@ def test_cuda_starting_within_the_run_is_picked_up(
     started: list[int] = []
     queued: list[Callable[[], object]] = []
     monkeypatch.setattr(cuda, "devices_with_context", lambda: tuple(started))
+    monkeypatch.setattr(cuda, "is_initialized", lambda: bool(started))
     monkeypatch.setattr(cuda, "on_cuda_init", lambda call: queued.append(call) or True)
 
     def start_cuda() -> None:
@@ -257,6 +258,7 @@ def test_without_cuda_line_profilers_tracer_runs_alone(
     from gpumagic import cuda
 
     monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
+    monkeypatch.setattr(cuda, "is_initialized", lambda: False)
     queued: list[Callable[[], object]] = []
     monkeypatch.setattr(cuda, "on_cuda_init", lambda call: queued.append(call) or True)
 
@@ -453,11 +455,11 @@ def test_thread_of_the_session_only_on_legacy_trace() -> None:
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is 3.12+")
-def test_monitoring_tool_ids_restored_and_skipped_when_taken() -> None:
+def test_monitoring_tool_ids_restored_and_skipped_when_taken(dev: FakeDevice) -> None:
     mon: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
     mon.use_tool_id(3, "someone else")
     try:
-        prof = profile(step, FakeDevice())
+        prof = profile(step, dev)
         assert prof.result().hook == "sys.monitoring"
         assert [mon.get_tool(i) for i in range(6)] == [None, None, None, "someone else", None, None]
     finally:
