@@ -467,7 +467,8 @@ def test_monitoring_tool_ids_restored_and_skipped_when_taken(dev: FakeDevice) ->
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is 3.12+")
-def test_busy_tool_ids_are_a_clear_error() -> None:
+def test_busy_tool_ids_are_a_clear_error(dev: FakeDevice) -> None:
+    """With CUDA in use the hook is installed as the session starts, and says why not."""
     mon: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
     for tool in (3, 4, 5):
         mon.use_tool_id(tool, f"tool {tool}")
