@@ -56,3 +56,16 @@ def test_demo_script_runs_end_to_end() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "=== Where this runs" in result.stdout
     assert "passed" in result.stdout
+    from gpumagic import cuda
+
+    status = cuda.status()
+    if not status.available:
+        # The reason is said where it matters, not once per cell and skipped test; the
+        # GPU-only cells show the recorded GPU output, labelled.
+        assert result.stdout.count(status.reason) <= 3, result.stdout
+        assert "[recorded on NVIDIA H200, 2026-11-21 07:37 UTC: this machine has no GPU]" in (
+            result.stdout
+        )
+        assert "%%gpumem In[4] · cuda:0 NVIDIA H200" in result.stdout
+    else:
+        assert "[recorded on" not in result.stdout
