@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -26,14 +26,17 @@ display: Callable[..., None] = _display.display
 class LprunMagics(Magics):
     """``%lprun``, synchronized when CUDA is in use."""
 
-    @line_magic
-    def lprun(self, parameter_s: str = "") -> Any:
+    @line_cell_magic
+    def lprun(self, parameter_s: str = "", cell: str | None = None) -> Any:
         """Line-profile a statement; each line is charged for the GPU work it launched.
 
         Usage::
 
             %lprun [-f func] [-m module] [-D file] [-T file] [-r] [-s] [-z] [-u unit]
                    [--no-sync] [--gpu] [--memory] <statement>
+
+            %%lprun [options]
+            <statements run as the profiled code: the whole cell>
 
         line_profiler's ``%lprun`` options and table, plus: when the process uses CUDA,
         every device with a context is synchronized at each line boundary of the
@@ -86,6 +89,13 @@ class LprunMagics(Magics):
             )
         except UsageError as exc:
             raise UsageError(f"%lprun: {exc}") from None
+        if cell is not None:
+            if statement.strip():
+                raise UsageError(
+                    "%%lprun takes only options on its first line; the cell is what runs, "
+                    f"not {statement.strip()!r}"
+                )
+            statement = cell
         if not statement.strip():
             raise UsageError("%lprun needs a statement to run, e.g. %lprun -f step step(x)")
         for letter in ("D", "T"):

@@ -32,7 +32,7 @@ def test_extension_loading_creates_no_cuda_context() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-OURS = {"line": ("cudatime", "gpumem", "lprun"), "cell": ("cudatime", "gpumem")}
+OURS = {"line": ("cudatime", "gpumem", "lprun"), "cell": ("cudatime", "gpumem", "lprun")}
 
 
 def test_unload_removes_every_magic_and_loading_again_restores_them(

@@ -241,6 +241,19 @@ def test_module_option(
     assert run.table("work")["return n + 1"][0] == "1"
 
 
+def test_cell_form_profiles_the_named_functions_while_the_cell_runs(
+    shell: InteractiveShell,
+) -> None:
+    cell(shell, "def work(n):\n    return sum(range(n))\n")
+    run = Run(shell, "%%lprun -f work\na = work(10)\nb = work(20)\n")
+    assert run.result.success
+    assert run.table("work")["return sum(range(n))"][0] == "2"
+    assert (shell.user_ns["a"], shell.user_ns["b"]) == (45, 190)
+    bad = shell.run_cell("%%lprun -f work work(1)\nwork(2)\n")
+    assert isinstance(bad.error_in_exec, UsageError)
+    assert "%%lprun takes only options on its first line" in str(bad.error_in_exec)
+
+
 def test_cell_functions_are_named_by_their_cell(shell: InteractiveShell) -> None:
     """In the HTML (what Jupyter shows), not /tmp/ipykernel_28850/3230289714.py:4; the
     text keeps line_profiler's File: line."""
