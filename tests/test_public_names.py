@@ -9,6 +9,7 @@ module, defined there, is in it. A module over 600 lines holds more than one thi
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from pathlib import Path
 
@@ -52,12 +53,18 @@ def _defined(tree: ast.Module) -> set[str]:
     return found
 
 
+@functools.cache
+def _tree(module: str) -> ast.Module:
+    return ast.parse(MODULES[module].read_text(encoding="utf-8"))
+
+
+@functools.cache
 def _imported_from_others() -> dict[str, set[str]]:
     """``{module: names other src modules import from it}``, annotations included."""
     taken: dict[str, set[str]] = {name: set() for name in MODULES}
     for module, path in MODULES.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(module)):
             if not isinstance(node, ast.ImportFrom):
                 continue
             base = node.module or ""
@@ -71,7 +78,7 @@ def _imported_from_others() -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_all_lists_the_names_others_use(module: str) -> None:
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    tree = _tree(module)
     declared = _declared_all(tree)
     assert declared is not None, f"{module} has no __all__"
     loaded = importlib.import_module(module)
