@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest docs clean
+.PHONY: demo test test-oldest lint typecheck pytest docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,5 +46,21 @@ pytest: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
+# The suite on the lowest versions pyproject.toml declares (tests/test_packaging.py keeps
+# these pins equal to its floors). torch is the one exception: its floor (2.1) has no
+# CPU wheel on these machines; the local torch==2.13.0 CPU wheel is used, and the GPU
+# check runs the suite on torch 2.11.
+OLDEST_VENV ?= .venv-oldest
+OLDEST := pytest==8.3.3 ipython==9.0.0 line_profiler==5.1.0 nvidia-ml-py==12.535.77 \
+	pytest-xdist==3.8.0
+test-oldest:
+	rm -rf $(OLDEST_VENV)
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install -q "$(TORCH)" $(OLDEST)
+	$(OLDEST_VENV)/bin/python -m pip install -q -e ".[test]" $(OLDEST)
+	$(OLDEST_VENV)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|pytest|ipython|line.profiler|nvidia-ml-py|pytest-xdist) '
+	$(OLDEST_VENV)/bin/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) docs/_build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) docs/_build .mypy_cache .ruff_cache .pytest_cache

@@ -73,3 +73,27 @@ def test_build_check_and_install_the_wheel(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert loaded.strip() == "['cudatime', 'gpumem', 'lprun']"
+
+
+def test_make_test_oldest_pins_the_declared_floors() -> None:
+    """``make test-oldest`` runs on exactly the floors pyproject.toml declares (torch
+    aside: its floor has no CPU wheel here, as the Makefile says)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    floors = {}
+    for requirement in requirements:
+        found = re.match(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement)
+        if found:
+            floors[found.group(1).lower().replace("_", "-")] = found.group(2)
+    makefile = (ROOT / "Makefile").read_text()
+    block = makefile.split("OLDEST :=", 1)[1].split("\ntest-oldest:", 1)[0]
+    pins = {
+        name.lower().replace("_", "-"): version
+        for name, version in re.findall(r"([A-Za-z0-9_.-]+)==([0-9.]+)", block)
+    }
+    for name in ("pytest", "ipython", "line-profiler", "nvidia-ml-py", "pytest-xdist"):
+        floor, pin = floors[name], pins[name]
+        assert pin == floor or pin.startswith(floor + "."), (name, floor, pin)
