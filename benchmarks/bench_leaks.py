@@ -18,6 +18,7 @@ The overhead of a configuration is the median over tests and rounds of its paire
 difference with ``none`` (same test, same round).
 
     python benchmarks/bench_leaks.py [--tests 500] [--rounds 7] [--json results.jsonl]
+    python benchmarks/bench_leaks.py --suite PATH [--files ...] [-k EXPR]  (a real suite)
 
 Appends one JSON object to ``--json`` and prints a markdown table last.
 """
@@ -175,7 +176,20 @@ def main() -> None:
         help="run the harness on CPU tensors where there is no GPU (the checks then have "
         "nothing to measure; for testing this script)",
     )
+    parser.add_argument(
+        "--suite",
+        type=Path,
+        help="instead: a third-party suite's root, run under each configuration "
+        "(bench_leaks_suite.py); with --files (its test files) and -k",
+    )
+    parser.add_argument("--files", nargs="*", default=[], help="with --suite: test files")
+    parser.add_argument("-k", dest="keyword", help="with --suite: pytest's -k")
     args = parser.parse_args()
+    if args.suite is not None:
+        import bench_leaks_suite
+
+        bench_leaks_suite.main(args.suite, args.files, args.keyword, args.json)
+        return
     status = cuda.status()
     date = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     device = "cuda" if status.available else "cpu"
