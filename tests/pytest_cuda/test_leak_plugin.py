@@ -150,7 +150,7 @@ def test_a_leak_has_its_own_outcome_section_and_summary(
             "*_ test_planted.py::test_leak_small _*",
             "test_leak_small left 512 B (512 B) allocated on cuda:0; tolerance 0 B.",
             "Measured in this process's caching allocator after: young garbage (gc generation"
-            " 1), garbage collection, cuBLAS/cuBLASLt workspaces, *a third look after 100 ms.",
+            " 1), cuBLAS/cuBLASLt workspaces, garbage collection, *a third look after 100 ms.",
             "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
             "allocated these blocks.",
             "*_ test_planted.py::test_leak_large _*",
