@@ -168,7 +168,11 @@ def _show_text(
 
 def _source_lines(filename: str, start: int, linenos: list[int], stream: io.StringIO) -> list[str]:
     if os.path.exists(filename) or is_generated_code(filename):
-        linecache.checkcache(filename)  # a file edited since: read it again
+        # Only a real file is refreshed (edited since: read it again). A cell's or
+        # generated code's source lives only in linecache, and refreshing a name that
+        # is not a file on disk would drop it.
+        if os.path.isfile(filename):
+            linecache.checkcache(filename)
         return list(get_code_block(filename, start))
     stream.write("\n")
     stream.write(f"Could not find file {filename}\n")

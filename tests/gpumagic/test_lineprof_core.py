@@ -7,6 +7,7 @@ tests check the attribution logic on any Python: 3.11 here (the trace-function h
 
 from __future__ import annotations
 
+import linecache
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from line_profiler import LineProfiler
 from gpumagic.lineprof import GpuLineProfiler
 from gpumagic.lineprof_hook import peak_above, statement_lines
 from gpumagic.lineprof_install import ProfilerBusy
+from gpumagic.lineprof_result import render_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -401,6 +403,23 @@ def test_own_cost_is_subtracted(dev: FakeDevice) -> None:
     corrected = sum(t for _, _, t in next(iter(prof.get_stats().timings.values())))
     assert corrected < raw
     assert prof.result().hook in ("sys.settrace", "sys.monitoring")
+
+
+def test_the_table_refreshes_only_files_on_disk(dev: FakeDevice) -> None:
+    """Source that no file holds (a cell, generated code) is left as linecache has it:
+    refreshing it would drop the entry, and the table would lose its lines."""
+    name = "<generated: gpumagic refresh test>"
+    source = "def made(dev):\n    dev.alloc(64)\n    dev.free(64)\n"
+    linecache.cache[name] = (len(source), 1.0, source.splitlines(True), name)
+    try:
+        namespace: dict[str, Any] = {}
+        exec(compile(source, name, "exec"), namespace)
+        prof = profile(namespace["made"], dev, memory=True)
+        text = render_text(prof.result())
+        assert "dev.alloc(64)" in text
+        assert linecache.getlines(name) == source.splitlines(True)
+    finally:
+        linecache.cache.pop(name, None)
 
 
 # -- targets ----------------------------------------------------------------------------
