@@ -72,9 +72,10 @@ status=0
 # say so (run them on a machine with two GPUs).
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${gpus:-0}" -lt 2 ]; then
-  echo "gpu-check: $gpus GPU(s): tests/pytest_cuda/test_plugin_two_gpus.py needs 2 and is left out" \
-    | tee -a "$logs/environment.txt"
-  tests+=(--ignore=tests/pytest_cuda/test_plugin_two_gpus.py)
+  echo "gpu-check: $gpus GPU(s): the two-GPU tests (test_plugin_two_gpus.py," \
+    "test_distributed_gpu.py) need 2 and are left out" | tee -a "$logs/environment.txt"
+  tests+=(--ignore=tests/pytest_cuda/test_plugin_two_gpus.py
+    --ignore=tests/pytest_cuda/test_distributed_gpu.py)
 fi
 cores=$(nproc 2>/dev/null || echo 2)
 workers=${GPU_CHECK_WORKERS:-$((cores / 2 > 8 ? 8 : (cores / 2 < 1 ? 1 : cores / 2)))}

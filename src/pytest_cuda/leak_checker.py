@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Generator
     from types import TracebackType
 
-__all__ = ["LeakChecker"]
+__all__ = ["LeakChecker", "cuda_leak_check"]
 
 SECTION = "CUDA memory leak"
 TRACE_HINT = (

@@ -408,6 +408,8 @@ class NoCudaLeak:
     mode: Mode = "fail"
     trace: bool = True
     source: MemorySource = field(default_factory=CudaMemory)
+    #: How reports name what was checked; default "the block at <file>:<line>".
+    subject: str | None = None
     result: LeakResult | None = field(default=None, init=False)
     _before: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _start_us: int = field(default=0, init=False, repr=False)
@@ -418,7 +420,7 @@ class NoCudaLeak:
     def __enter__(self) -> NoCudaLeak:
         caller = sys._getframe(1)
         self._caller = (caller.f_code.co_filename, caller.f_code.co_name)
-        self._where = (
+        self._where = self.subject or (
             f"the block at {short_path(caller.f_code.co_filename, os.getcwd())}:{caller.f_lineno}"
         )
         self.result = None

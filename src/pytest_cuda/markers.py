@@ -29,7 +29,12 @@ KEYWORDS = ("min_devices", "min_memory", "min_capability")
 
 
 class MarkerError(ValueError):
-    """A malformed ``cuda`` marker; the message says which argument and why."""
+    """A malformed marker (``cuda`` unless ``marker`` names another); the message says
+    which argument and why."""
+
+    def __init__(self, message: str, marker: str = "cuda") -> None:
+        super().__init__(message)
+        self.marker = marker
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ def parse_cuda_marker(args: Sequence[object], kwargs: Mapping[str, object]) -> C
 
 
 def merge_requirements(requirements: Iterable[CudaRequirement]) -> CudaRequirement | None:
-    """The strictest combination (class and module markers add up), ``None`` for none."""
+    """The strictest value of each keyword over the test's, class's and module's
+    markers; ``None`` for none."""
     merged: CudaRequirement | None = None
     for requirement in requirements:
         merged = requirement if merged is None else merged.merged(requirement)

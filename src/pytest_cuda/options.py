@@ -26,7 +26,8 @@ CUDA_MARKER_DOC = (
     "at least min_devices usable CUDA devices, min_memory free on each device it is "
     'given (bytes or "40GiB"), and a compute capability of at least min_capability '
     '((8, 0) or "8.0"). Without them the test is skipped with the reason (it fails '
-    "under --cuda-require). Markers on the class and module add up."
+    "under --cuda-require). With markers on the test, its class and its module, the "
+    "strictest value of each keyword wins."
 )
 
 CUDA_LEAK_CHECK_MARKER_DOC = (
@@ -51,12 +52,24 @@ CUDA_NO_SYNC_MARKER_DOC = (
     "The cuda_no_sync fixture does the same for a with-block."
 )
 
+CUDA_DISTRIBUTED_MARKER_DOC = (
+    'cuda_distributed(world_size=2, backend="nccl", timeout=60): run the test function '
+    "in world_size processes, one rank each, with the default torch.distributed process "
+    "group initialised (and destroyed after); on a GPU backend each rank gets its own "
+    "device of the selected ones, and the test is skipped with the reason (fails under "
+    "--cuda-require) when there are fewer. backend='gloo' runs on the CPU. Fixture "
+    "values are pickled and sent to the ranks; the cuda_rank fixture gives each its "
+    "rank, world_size, device and group. The test fails if any rank fails, naming it; "
+    "after timeout seconds every rank's Python stack is reported and all are stopped."
+)
+
 #: The ``pytest --markers`` lines, in the order they are shown.
 MARKER_LINES = (
     CUDA_MARKER_DOC,
     CUDA_LEAK_CHECK_MARKER_DOC,
     CUDA_SYNC_MARKER_DOC,
     CUDA_NO_SYNC_MARKER_DOC,
+    CUDA_DISTRIBUTED_MARKER_DOC,
 )
 
 

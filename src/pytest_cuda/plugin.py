@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import pytest
 
-from pytest_cuda import leak_plugin, sync_plugin
+from pytest_cuda import distributed_plugin, leak_plugin, sync_plugin
 from pytest_cuda.collection import marker_names
+from pytest_cuda.distributed import RANK_DEVICES
 from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from _pytest.config.argparsing import Parser
 
     from gpumagic.devices import CudaStatus, DeviceInfo
+    from pytest_cuda.distributed import DistributedSpec
     from pytest_cuda.markers import CudaRequirement
     from pytest_cuda.selection import DeviceRequest, WorkerPlan
     from pytest_cuda.xdist_pinning import WorkerPin
@@ -45,12 +47,15 @@ if TYPE_CHECKING:
 
 __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices"]
 
-#: Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes): loaded
+#: Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes, multi-rank
+#: tests): loaded
 #: with this module, so ``-p no:cuda`` turns them all off, each under its module name
 #: (``-p no:pytest_cuda.sync_plugin`` turns one off).
-MODE_PLUGINS: tuple[ModuleType, ...] = (leak_plugin, sync_plugin)
+MODE_PLUGINS: tuple[ModuleType, ...] = (leak_plugin, sync_plugin, distributed_plugin)
 
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
+DISTRIBUTED = "cuda_distributed"
+_MARKERS = frozenset({"cuda", DISTRIBUTED})
 _DEVICE_FIXTURE_SET = frozenset(DEVICE_FIXTURES)
 
 
@@ -137,7 +142,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # One look at each test (after deselection) serves the header and every setup; the
     # markers are looked up per test only where some node carries a ``cuda`` marker.
-    marked = "cuda" in marker_names(config, items)
+    marked = not _MARKERS.isdisjoint(marker_names(config, items))
     uses = [_uses_cuda(item, marked) for item in items]
     any_cuda = any(uses)
     config.stash[_ANY_CUDA] = any_cuda
@@ -217,7 +222,7 @@ def _check_before(item: pytest.Item) -> None:
     try:
         requirement = cuda_requirement(item)
     except MarkerError as exc:
-        malformed = f"malformed @pytest.mark.cuda on {item.nodeid}: {exc}"
+        malformed = f"malformed @pytest.mark.{exc.marker} on {item.nodeid}: {exc}"
     else:
         malformed = ""
     if malformed:
@@ -229,7 +234,16 @@ def _check_before(item: pytest.Item) -> None:
         pytest.fail(drift, pytrace=False)
     reason = _unmet(run, requirement, item)
     if reason is None:
+        spec = _distributed_spec(item)
+        if spec is not None and spec.uses_cuda:
+            item.stash[RANK_DEVICES] = tuple(d.index for d in run.devices[: spec.world_size])
         return
+    if (
+        run.pin is not None
+        and requirement.min_devices > run.pin.per_worker
+        and item.get_closest_marker(DISTRIBUTED) is not None
+    ):
+        pytest.fail(_per_worker_usage(requirement.min_devices, run.pin, reason), pytrace=False)
     if item.config.getoption("cuda_require") or not item.config.pluginmanager.has_plugin(
         "skipping"
     ):
@@ -294,15 +308,18 @@ def selected_devices(config: pytest.Config) -> tuple[DeviceInfo, ...]:
 def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
     """What ``item`` asks of the GPU, ``None`` for a test that does not use CUDA.
 
-    Its ``cuda`` markers merged (the strictest value of each keyword wins); a test that
+    Its ``cuda`` markers merged (the strictest value of each keyword wins); a
+    ``cuda_distributed`` test on a GPU backend needs one device per rank; a test that
     takes ``cuda_device`` or ``cuda_devices`` without a marker needs one device.
     Raises :class:`~pytest_cuda.markers.MarkerError` for a malformed marker.
     """
     from pytest_cuda.markers import CudaRequirement, merge_requirements, parse_cuda_marker
 
-    requirement = merge_requirements(
-        parse_cuda_marker(mark.args, mark.kwargs) for mark in item.iter_markers("cuda")
-    )
+    found = [parse_cuda_marker(mark.args, mark.kwargs) for mark in item.iter_markers("cuda")]
+    spec = _distributed_spec(item)
+    if spec is not None and spec.uses_cuda:
+        found.append(CudaRequirement(min_devices=spec.world_size))
+    requirement = merge_requirements(found)
     if requirement is None and _our_device_fixtures(item):
         return CudaRequirement()
     return requirement
@@ -318,6 +335,29 @@ def item_devices(item: pytest.Item) -> tuple[DeviceInfo, ...]:
 # Inside.
 
 
+def _distributed_spec(item: pytest.Item) -> DistributedSpec | None:
+    mark = item.get_closest_marker(DISTRIBUTED)
+    if mark is None:
+        return None
+    from pytest_cuda.distributed import parse_distributed_marker
+    from pytest_cuda.markers import MarkerError
+
+    try:
+        return parse_distributed_marker(mark.args, mark.kwargs)
+    except ValueError as exc:
+        raise MarkerError(str(exc), DISTRIBUTED) from None
+
+
+def _per_worker_usage(world_size: int, pin: WorkerPin, reason: str) -> str:
+    return (
+        f"usage: a cuda_distributed test with world_size={world_size} needs "
+        f"--cuda-devices-per-worker={world_size} or more under pytest-xdist; xdist worker "
+        f"{pin.worker} owns {pin.per_worker} ({reason}). Give each worker its ranks' "
+        f"devices (-n <workers> --cuda-devices-per-worker={world_size}), or run the "
+        "distributed tests without -n."
+    )
+
+
 def _asked_for_devices(config: pytest.Config) -> bool:
     return (
         _device_request(config) is not None
@@ -330,7 +370,10 @@ def _uses_cuda(item: pytest.Item, marked: bool = True) -> bool:
 
     ``marked=False``: no node of the run carries a ``cuda`` marker (:func:`marker_names`).
     """
-    if marked and item.get_closest_marker("cuda") is not None:
+    if marked and (
+        item.get_closest_marker("cuda") is not None
+        or item.get_closest_marker(DISTRIBUTED) is not None
+    ):
         return True
     return bool(_our_device_fixtures(item))
 

@@ -59,7 +59,8 @@ def test_marker_is_documented(pytester: pytest.Pytester) -> None:
             "the test needs CUDA: at least min_devices usable CUDA devices, min_memory free "
             'on each device it is given (bytes or "40GiB"), and a compute capability of at '
             'least min_capability ((8, 0) or "8.0"). Without them the test is skipped with '
-            "the reason (it fails under --cuda-require). Markers on the class and module add up."
+            "the reason (it fails under --cuda-require). With markers on the test, its class "
+            "and its module, the strictest value of each keyword wins."
         ]
     )
 

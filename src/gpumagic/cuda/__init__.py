@@ -11,7 +11,9 @@ touched and tests can swap it in one place:
 * :mod:`~gpumagic.cuda.allocator`: the caching allocator's counters, history, snapshots
   and library caches;
 * :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
-  asynchronous CUDA errors.
+  asynchronous CUDA errors;
+* :mod:`~gpumagic.cuda.process_group`: ``torch.distributed``'s rendezvous and process
+  group for tests run in several rank processes.
 
 Rules kept here:
 
@@ -76,6 +78,14 @@ from gpumagic.cuda.discovery import (
     torch_package_dir,
     visible_devices,
 )
+from gpumagic.cuda.process_group import (
+    host_store,
+    join_group,
+    leave_group,
+    mark_rank_done,
+    rank_device,
+    wait_for_ranks,
+)
 from gpumagic.cuda.runtime import (
     DevicePeaks,
     GraphCaptureError,
@@ -128,8 +138,12 @@ __all__ = [
     "flush_l2",
     "forbid_implicit_sync",
     "get_sync_debug_mode",
+    "host_store",
     "is_initialized",
+    "join_group",
     "l2_flush_buffer",
+    "leave_group",
+    "mark_rank_done",
     "memory_history_enabled",
     "memory_snapshot",
     "nvml_device_memory",
@@ -138,6 +152,7 @@ __all__ = [
     "nvml_processes",
     "on_cuda_init",
     "profile_kernels",
+    "rank_device",
     "record_event",
     "release_blas_workspaces",
     "release_cached_blocks",
@@ -160,4 +175,5 @@ __all__ = [
     "use_device",
     "visible_device_total",
     "visible_devices",
+    "wait_for_ranks",
 ]

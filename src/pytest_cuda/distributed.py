@@ -1,0 +1,243 @@
+"""Multi-rank tests: the ``cuda_distributed`` marker, a rank's identity, and the report.
+
+Pure logic (no torch; pytest only for a stash key): the plugin
+(:mod:`pytest_cuda.distributed_plugin`) parses the marker here, the launcher
+(:mod:`pytest_cuda.rank_launch`) collects one :class:`RankOutcome` per rank, and
+:func:`verdict` turns them into what pytest reports.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "CPU_BACKENDS",
+    "FAILURE_GRACE_S",
+    "MARKER",
+    "RANK_DEVICES",
+    "DistributedSpec",
+    "RankInfo",
+    "RankOutcome",
+    "Verdict",
+    "parse_distributed_marker",
+    "verdict",
+]
+
+MARKER = "cuda_distributed"
+KEYWORDS = ("world_size", "backend", "timeout")
+#: Backends whose ranks run on the CPU: they need no GPU, so CI can run them.
+CPU_BACKENDS = frozenset({"gloo", "mpi"})
+#: How much of each rank's output and stack a report shows (the end of it).
+MAX_TEXT_LINES = 60
+#: After a rank fails, how long the others may take to finish before they are stopped.
+FAILURE_GRACE_S = 5.0
+
+#: The device index of each rank, stashed on a test by the device check before it runs.
+RANK_DEVICES = pytest.StashKey[tuple[int, ...]]()
+
+State = Literal["passed", "failed", "skipped", "xfailed", "stopped", "exited"]
+
+
+@dataclass(frozen=True)
+class DistributedSpec:
+    """``cuda_distributed(world_size=2, backend="nccl", timeout=60)``."""
+
+    world_size: int = 2
+    backend: str = "nccl"
+    timeout: float = 60.0
+
+    @property
+    def uses_cuda(self) -> bool:
+        """Whether each rank gets a CUDA device of its own (every backend but gloo/mpi)."""
+        return self.backend.split(":")[0] not in CPU_BACKENDS or "cuda:" in self.backend
+
+
+def parse_distributed_marker(
+    args: Sequence[object], kwargs: Mapping[str, object]
+) -> DistributedSpec:
+    """The marker's arguments → a spec; :class:`ValueError` says which one is wrong."""
+    if args:
+        raise ValueError(
+            f"takes keyword arguments only ({', '.join(k + '=' for k in KEYWORDS)}), "
+            f"got positional {', '.join(repr(a) for a in args)}"
+        )
+    unknown = [k for k in kwargs if k not in KEYWORDS]
+    if unknown:
+        raise ValueError(
+            f"unknown keyword {', '.join(repr(k) for k in unknown)}; known: {', '.join(KEYWORDS)}"
+        )
+    size = kwargs.get("world_size", 2)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {size!r}")
+    backend = kwargs.get("backend", "nccl")
+    if not isinstance(backend, str) or not backend.strip():
+        raise ValueError(f'backend must be a name such as "nccl" or "gloo", got {backend!r}')
+    timeout = kwargs.get("timeout", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return DistributedSpec(size, backend.strip(), float(timeout))
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What the ``cuda_rank`` fixture gives each rank of a ``cuda_distributed`` test.
+
+    ``device`` is the rank's own ``torch.device`` (``cuda:<i>``, made current; ``cpu``
+    for the gloo backend) and ``group`` the default process group, initialised before
+    the test and destroyed after it.
+    """
+
+    rank: int
+    world_size: int
+    device: Any
+    backend: str
+    group: Any = None
+
+    @property
+    def is_first(self) -> bool:
+        """Rank 0, the one that usually writes files or prints."""
+        return self.rank == 0
+
+
+@dataclass
+class RankOutcome:
+    """How one rank ended, read back by the launcher."""
+
+    rank: int
+    device: str
+    state: State
+    seconds: float = 0.0
+    message: str = ""
+    traceback: str = ""
+    where: str = ""
+    stack: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    warnings: list[tuple[str, str, str, int]] = field(default_factory=list)
+    finished_at: float = 0.0
+    #: Its test body had ended, and it was still waiting for the others when stopped.
+    waiting: bool = False
+
+    def label(self) -> str:
+        return f"rank {self.rank} ({self.device})"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What pytest reports: ``outcome`` is passed, failed, skipped or xfailed."""
+
+    outcome: Literal["passed", "failed", "skipped", "xfailed"]
+    text: str
+
+
+def _tail(text: str, lines: int = MAX_TEXT_LINES) -> str:
+    kept = text.rstrip().splitlines()
+    if len(kept) <= lines:
+        return "\n".join(kept)
+    return "\n".join([f"... ({len(kept) - lines} earlier lines left out)", *kept[-lines:]])
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" if line else "" for line in text.splitlines())
+
+
+def _headline(outcome: RankOutcome) -> str:
+    at = f" at {outcome.where}" if outcome.where else ""
+    return f"{outcome.message}{at}"
+
+
+def _describe(outcome: RankOutcome, stop_reason: str, first: RankOutcome | None) -> list[str]:
+    """The block of text about one rank."""
+    timing = f"after {outcome.seconds:.1f} s"
+    waited = f", then waited for the other ranks until {stop_reason}" if outcome.waiting else ""
+    if outcome.state in ("passed", "skipped", "xfailed"):
+        why = f": {outcome.message}" if outcome.state != "passed" else ""
+        lines = [f"{outcome.label()}: {outcome.state} {timing}{why}{waited}"]
+        return lines + _stack_lines(outcome)
+    if outcome.state == "failed":
+        later = (
+            f" (after rank {first.rank} had failed)"
+            if first is not None and first is not outcome
+            else ""
+        )
+        lines = [f"{outcome.label()}: failed {timing}{later}: {_headline(outcome)}"]
+        if outcome.traceback:
+            lines.append(_indent(_tail(outcome.traceback)))
+        return lines
+    if outcome.state == "exited":
+        lines = [
+            f"{outcome.label()}: the process ended {timing} without a result ({outcome.message})"
+        ]
+        if outcome.stderr:
+            lines += ["  its stderr ends with:", _indent(_tail(outcome.stderr, 25))]
+        return lines
+    lines = [f"{outcome.label()}: still running {timing}, {stop_reason}: stopped."]
+    return lines + _stack_lines(outcome)
+
+
+def _stack_lines(outcome: RankOutcome) -> list[str]:
+    if not (outcome.waiting or outcome.state == "stopped"):
+        return []
+    stack = _without_runner(outcome.stack)
+    if not stack:
+        return ["  (no Python stack came back: the process did not answer the dump signal)"]
+    return ["  Its Python stack when stopped (most recent call first):", _indent(_tail(stack))]
+
+
+def _without_runner(stack: str) -> str:
+    """A faulthandler dump without the frames that only start the rank."""
+    runner = ('File "<frozen runpy>"', f"{os.sep}pytest_cuda{os.sep}rank_main.py")
+    return "\n".join(line for line in stack.splitlines() if not any(r in line for r in runner))
+
+
+def verdict(
+    outcomes: Sequence[RankOutcome], spec: DistributedSpec, *, timed_out: bool, name: str
+) -> Verdict:
+    """The test's result from its ranks': the first rank to fail decides the headline;
+    a timeout names the ranks that never finished; every rank's state follows."""
+    failed = sorted(
+        (o for o in outcomes if o.state in ("failed", "exited")), key=lambda o: o.finished_at
+    )
+    stopped = [o for o in outcomes if o.state == "stopped"]
+    if timed_out:
+        names = ", ".join(f"rank {o.rank}" for o in stopped)
+        headline = (
+            f"{name}: timed out after {spec.timeout:g} s (cuda_distributed timeout): "
+            f"{names} never finished"
+        )
+        stop_reason = f"the test's timeout of {spec.timeout:g} s ran out"
+        if failed:
+            headline += f"; rank {failed[0].rank} failed first: {_headline(failed[0])}"
+    elif failed:
+        first = failed[0]
+        headline = f"{name}: rank {first.rank} of {spec.world_size} failed: {_headline(first)}"
+        stop_reason = f"{FAILURE_GRACE_S:g} s after rank {first.rank} failed"
+    elif stopped:  # pragma: no cover - stopped ranks come with a timeout or a failure
+        headline, stop_reason = f"{name}: ranks were stopped", "stopped"
+    else:
+        skipped = [o for o in outcomes if o.state == "skipped"]
+        xfailed = [o for o in outcomes if o.state == "xfailed"]
+        if xfailed:
+            return Verdict("xfailed", f"rank {xfailed[0].rank}: {xfailed[0].message}")
+        if skipped:
+            return Verdict("skipped", f"rank {skipped[0].rank}: {skipped[0].message}")
+        return Verdict("passed", "")
+    lines = [headline, ""]
+    for outcome in sorted(outcomes, key=lambda o: o.rank):
+        lines += _describe(outcome, stop_reason, failed[0] if failed else None)
+    if timed_out:
+        lines += [
+            "",
+            "A rank that never joins a collective leaves the others waiting in it: the "
+            "stacks above show where each rank was. Raise timeout= in the marker if the "
+            "test is only slow.",
+        ]
+    return Verdict("failed", "\n".join(lines))

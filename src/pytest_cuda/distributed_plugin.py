@@ -1,0 +1,202 @@
+"""pytest glue for multi-rank tests: the ``cuda_distributed`` marker, the ``cuda_rank``
+fixture.
+
+A test marked ``@pytest.mark.cuda_distributed(world_size=2, backend="nccl",
+timeout=60)`` is set up as usual in the pytest process (its fixtures, its
+parametrization), then its function runs in ``world_size`` fresh processes, one rank
+each, pinned to its own device of the selected ones (``--cuda-devices``; an outer
+``CUDA_VISIBLE_DEVICES`` is respected) with the default process group initialised
+through a store on a free localhost port, and destroyed afterwards. The fixture values
+the function takes are pickled and sent to every rank; ``cuda_rank`` is each rank's own
+(:class:`~pytest_cuda.distributed.RankInfo`).
+
+The test fails if any rank fails: the report names the rank, its traceback and the
+state of the others, with each rank's output as a report section. A test still running
+after ``timeout`` seconds is stopped with every rank's Python stack in the report. The
+leak check (``--cuda-leak-check``, the ``cuda_leak_check`` marker) and the post-test
+CUDA health check run inside each rank. Loaded with :mod:`pytest_cuda.plugin` (its
+``MODE_PLUGINS``); the device requirement (one device per rank on a GPU backend) is
+checked there with every other ``cuda`` requirement.
+"""
+
+from __future__ import annotations
+
+import builtins
+import pickle
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+from pytest_cuda.distributed import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
+
+if TYPE_CHECKING:
+    from pytest_cuda.distributed import DistributedSpec, RankOutcome
+
+__all__ = ["PendingRank"]
+
+RANK_FIXTURE = "cuda_rank"
+_LEAK_MARKER = "cuda_leak_check"
+_LEAK_CHECKER = "cuda.leaks"
+
+
+class PendingRank:
+    """``cuda_rank`` in the pytest process: the real one exists only in each rank.
+
+    Fixtures run once, in the pytest process, before the ranks start; one that reads
+    ``cuda_rank`` gets this, and any attribute explains why there is none yet.
+    """
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise AttributeError(
+            f"cuda_rank.{name} is known only inside each rank's process: fixtures of a "
+            "cuda_distributed test are set up once, in the pytest process, and their "
+            "values are sent to every rank. Build per-rank state in the test body "
+            "from cuda_rank."
+        )
+
+    def __repr__(self) -> str:
+        return "<cuda_rank: given to each rank process when the test runs>"
+
+
+@pytest.fixture
+def cuda_rank(request: pytest.FixtureRequest) -> RankInfo:
+    """This rank of a ``cuda_distributed`` test: ``rank``, ``world_size``, ``device``
+    (its own ``cuda:<i>``, made current; ``cpu`` for gloo), ``backend`` and ``group``
+    (the default process group, initialised before the test and destroyed after)."""
+    if request.node.get_closest_marker(MARKER) is None:
+        pytest.fail(
+            f"{request.node.nodeid}: the cuda_rank fixture is given only to tests marked "
+            "@pytest.mark.cuda_distributed(world_size=N), which run in N rank processes",
+            pytrace=False,
+        )
+    return PendingRank()  # type: ignore[return-value]  # the ranks get a RankInfo
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    mark = pyfuncitem.get_closest_marker(MARKER)
+    if mark is None:
+        return None
+    try:
+        spec = parse_distributed_marker(mark.args, mark.kwargs)
+    except ValueError as exc:
+        pytest.fail(f"malformed @pytest.mark.{MARKER} on {pyfuncitem.nodeid}: {exc}", pytrace=False)
+    _run(pyfuncitem, spec)
+    return True
+
+
+def _run(item: pytest.Function, spec: DistributedSpec) -> None:
+    from pytest_cuda.distributed import verdict
+    from pytest_cuda.rank_launch import RankJob, run_ranks
+
+    devices: tuple[int, ...] = ()
+    if spec.uses_cuda:
+        devices = item.stash.get(RANK_DEVICES, ())
+        if len(devices) < spec.world_size:
+            pytest.fail(
+                f"{item.nodeid}: no CUDA devices were set aside for its "
+                f"{spec.world_size} ranks (is the cuda plugin's device check switched off?)",
+                pytrace=False,
+            )
+    job = RankJob(
+        name=item.name,
+        module=item.module.__name__,
+        module_file=str(item.path),
+        call=_pickled_call(item),
+        wants_rank=RANK_FIXTURE in item._fixtureinfo.argnames,
+        spec=spec,
+        devices=devices,
+        leak=_rank_leak_settings(item),
+    )
+    folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
+    try:
+        outcomes, timed_out = run_ranks(job, folder, cwd=Path.cwd())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    _add_sections(item, outcomes)
+    _warn(item, outcomes)
+    result = verdict(outcomes, spec, timed_out=timed_out, name=item.name)
+    if result.outcome == "failed":
+        pytest.fail(result.text, pytrace=False)
+    if result.outcome == "skipped":
+        pytest.skip(result.text)
+    if result.outcome == "xfailed":
+        pytest.xfail(result.text)
+
+
+def _pickled_call(item: pytest.Function) -> bytes:
+    """The test function and its arguments, pickled; a clear error names what cannot be."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    kwargs = {
+        name: item.funcargs[name] for name in item._fixtureinfo.argnames if name != RANK_FIXTURE
+    }
+    problems = []
+    for name, value in kwargs.items():
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            kind = "parameter" if name in params else "fixture"
+            problems.append(f"  {kind} {name!r} ({type(value).__qualname__}): {exc}")
+    try:
+        pickle.dumps(item.obj)
+    except Exception as exc:
+        problems.append(
+            f"  the test function {item.name} itself: {exc} (define it at module or class "
+            "level, not inside another function)"
+        )
+    if problems:
+        pytest.fail(
+            f"{item.nodeid}: a cuda_distributed test's arguments are pickled and sent to "
+            "each rank's process; these cannot be:\n"
+            + "\n".join(problems)
+            + "\nPass what the ranks need to build them (a path, a config, a seed), or "
+            "build them in the test body.",
+            pytrace=False,
+        )
+    return pickle.dumps((item.obj, kwargs))
+
+
+def _rank_leak_settings(item: pytest.Item) -> tuple[int, str, bool] | None:
+    """``(tolerance, mode, trace)`` when the leak check applies to this test, else ``None``."""
+    config = item.config
+    if config.pluginmanager.get_plugin(_LEAK_CHECKER) is None:
+        return None
+    mark = item.get_closest_marker(_LEAK_MARKER)
+    if mark is not None:
+        from pytest_cuda.leak_checker import cuda_leak_check
+        from pytest_cuda.leaks import parse_leak_settings
+
+        tolerance, mode = parse_leak_settings(
+            *cuda_leak_check(*mark.args, **mark.kwargs), where=_LEAK_MARKER
+        )
+        if mode == "off":
+            return None
+    elif config.getoption("cuda_leak_check"):
+        tolerance, mode = 0, "fail"
+    else:
+        return None
+    return tolerance, mode, bool(config.getoption("cuda_leak_trace"))
+
+
+def _add_sections(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
+    for outcome in outcomes:
+        if outcome.stdout:
+            item.add_report_section("call", f"stdout (rank {outcome.rank})", outcome.stdout)
+        if outcome.stderr:
+            item.add_report_section("call", f"stderr (rank {outcome.rank})", outcome.stderr)
+
+
+def _warn(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
+    """A rank's warnings, raised again here so pytest's summary shows them."""
+    for outcome in outcomes:
+        for category_name, message, filename, lineno in outcome.warnings:
+            category: Any = getattr(builtins, category_name, None)
+            text = f"rank {outcome.rank}: {message}"
+            if not (isinstance(category, type) and issubclass(category, Warning)):
+                category = UserWarning
+                text = f"rank {outcome.rank}: {category_name}: {message}"
+            warnings.warn_explicit(text, category, filename, lineno, module=item.name)

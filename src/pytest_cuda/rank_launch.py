@@ -1,0 +1,245 @@
+"""Start the ranks of a ``cuda_distributed`` test, watch them, stop them, read them back.
+
+Each rank is a fresh interpreter (:mod:`pytest_cuda.rank_main`) in a session of its
+own, with its output in files of the job's folder. The pytest process hosts the
+rendezvous store. A rank that fails gives the others a short grace to finish (a
+collective whose peer died may never return); a test that outlives its timeout has
+every rank still running dump its Python stack (``SIGUSR1``, faulthandler) before it is
+killed. Whatever happens, every rank's process group is killed before this returns,
+so no process outlives its test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumagic import cuda
+from pytest_cuda.distributed import FAILURE_GRACE_S, RankOutcome
+from pytest_cuda.rank_main import JOB_FILE, result_path, stack_path
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pytest_cuda.distributed import DistributedSpec
+
+__all__ = ["RankJob", "run_ranks"]
+
+#: How long a stopped rank may take to write its stack.
+STACK_WAIT_S = 3.0
+_POLL_S = 0.01
+_GOOD_ENDS = ("passed", "skipped", "xfailed")
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank needs: the test's module and pickled call, the group to form."""
+
+    name: str
+    module: str
+    module_file: str
+    call: bytes
+    wants_rank: bool
+    spec: DistributedSpec
+    devices: tuple[int, ...]
+    leak: tuple[int, str, bool] | None
+
+
+def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcome], bool]:
+    """Run the job's ranks to their end; every rank's outcome and whether time ran out."""
+    store, port = cuda.host_store(job.spec.timeout)
+    payload = {
+        "name": job.name,
+        "module": job.module,
+        "module_file": job.module_file,
+        "call": job.call,
+        "wants_rank": job.wants_rank,
+        "world_size": job.spec.world_size,
+        "backend": job.spec.backend,
+        "timeout": job.spec.timeout,
+        "devices": list(job.devices),
+        "leak": job.leak,
+        "port": port,
+        "sys_path": list(sys.path),
+    }
+    (folder / JOB_FILE).write_bytes(pickle.dumps(payload))
+    procs: list[subprocess.Popen[bytes]] = []
+    stopped: set[int] = set()
+    ended: dict[int, float] = {}
+    start = time.monotonic()
+    try:
+        for rank in range(job.spec.world_size):
+            procs.append(_start(folder, rank, cwd))
+        timed_out = _watch(procs, folder, job.spec, ended)
+        running = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
+        _dump_stacks(procs, running, folder)
+        stopped.update(running)
+    finally:
+        _kill_all(procs)
+        del store
+    devices = [f"cuda:{i}" for i in job.devices] or ["cpu"] * job.spec.world_size
+    stop = time.monotonic()
+    outcomes = [
+        _outcome(folder, rank, proc, devices[rank], stopped=rank in stopped)
+        for rank, proc in enumerate(procs)
+    ]
+    for outcome in outcomes:
+        outcome.finished_at = ended.get(outcome.rank, stop) - start
+        if outcome.state in ("stopped", "exited"):
+            outcome.seconds = outcome.finished_at
+    return outcomes, timed_out
+
+
+def _start(folder: Path, rank: int, cwd: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
+    with (
+        (folder / f"rank{rank}.out").open("wb") as out,
+        (folder / f"rank{rank}.err").open("wb") as err,
+    ):
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest_cuda.rank_main", str(folder), str(rank)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def _ended_well(folder: Path, rank: int) -> bool:
+    try:
+        state = json.loads(result_path(folder, rank).read_text())["state"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return state in _GOOD_ENDS
+
+
+def _watch(
+    procs: Sequence[subprocess.Popen[bytes]],
+    folder: Path,
+    spec: DistributedSpec,
+    ended: dict[int, float],
+) -> bool:
+    """Wait for every rank, until the timeout or a failure's grace runs out."""
+    deadline = time.monotonic() + spec.timeout
+    failed_at: float | None = None
+    while True:
+        now = time.monotonic()
+        for rank, proc in enumerate(procs):
+            if rank not in ended and proc.poll() is not None:
+                ended[rank] = now
+                if failed_at is None and not _ended_well(folder, rank):
+                    failed_at = now
+        if len(ended) == len(procs):
+            return False
+        if now >= deadline:
+            return failed_at is None
+        if failed_at is not None and now >= failed_at + FAILURE_GRACE_S:
+            return False
+        time.sleep(_POLL_S)
+
+
+def _dump_stacks(procs: Sequence[subprocess.Popen[bytes]], ranks: list[int], folder: Path) -> None:
+    """Ask each rank still running for its Python stack; wait until each wrote it."""
+    if not ranks or not hasattr(signal, "SIGUSR1"):
+        return
+    for rank in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+    deadline = time.monotonic() + STACK_WAIT_S
+    sizes: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        now = {rank: _size(stack_path(folder, rank)) for rank in ranks}
+        if all(now.values()) and now == sizes:
+            return  # every rank wrote something, and nothing more since the last look
+        sizes = now
+        time.sleep(0.05)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Kill every rank's session (the rank and anything it started), then reap them."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _outcome(
+    folder: Path, rank: int, proc: subprocess.Popen[bytes], device: str, *, stopped: bool
+) -> RankOutcome:
+    out = _read(folder / f"rank{rank}.out")
+    err = _read(folder / f"rank{rank}.err")
+    try:
+        result: dict[str, Any] = json.loads(result_path(folder, rank).read_text())
+    except (OSError, ValueError):
+        result = {}
+    if result:
+        return RankOutcome(
+            rank,
+            device,
+            result["state"],
+            seconds=float(result.get("seconds", 0.0)),
+            message=result.get("message", ""),
+            traceback=result.get("traceback", ""),
+            where=result.get("where", ""),
+            stdout=out,
+            stderr=err,
+            exit_code=proc.returncode,
+            warnings=[tuple(w) for w in result.get("warnings", [])],
+            waiting=stopped,
+            stack=_read(stack_path(folder, rank)) if stopped else "",
+        )
+    if stopped:
+        stack = _read(stack_path(folder, rank))
+        return RankOutcome(rank, device, "stopped", stack=stack, stdout=out, stderr=err)
+    code = proc.returncode
+    how = _exit_text(code)
+    return RankOutcome(
+        rank,
+        device,
+        "exited",
+        message=how,
+        stdout=out,
+        stderr=err,
+        exit_code=code,
+    )
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"

@@ -1,0 +1,223 @@
+"""One rank of a ``cuda_distributed`` test: ``python -m pytest_cuda.rank_main JOB RANK``.
+
+Started by :mod:`pytest_cuda.rank_launch`, in a fresh interpreter with the pytest
+process's ``sys.path``. It imports the test's module (with pytest's assertion
+rewriting, so a failed ``assert`` explains itself as it does in pytest), joins the
+process group, calls the test function with the fixture values the pytest process
+sent and its own ``cuda_rank``, and writes how it ended to ``rank<N>.json`` in the
+job's folder. ``SIGUSR1`` makes it write every thread's Python stack to
+``rank<N>.stack`` (the launcher's way to show where a hanging rank waits).
+"""
+
+from __future__ import annotations
+
+import ast
+import faulthandler
+import importlib
+import importlib.util
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType, TracebackType
+
+__all__ = ["JOB_FILE", "main", "result_path", "stack_path"]
+
+JOB_FILE = "job.pickle"
+
+
+def result_path(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.json"
+
+
+def stack_path(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.stack"
+
+
+def main(argv: list[str]) -> int:
+    folder, rank = Path(argv[1]), int(argv[2])
+    stack_file = stack_path(folder, rank).open("w")  # kept open for the signal handler
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    start = time.monotonic()
+    job: dict[str, Any] = pickle.loads((folder / JOB_FILE).read_bytes())
+    sys.path[:] = job["sys_path"]
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(job["world_size"]),
+        LOCAL_WORLD_SIZE=str(job["world_size"]),
+    )
+    result = _run(job, rank)
+    result["seconds"] = time.monotonic() - start
+    written = result_path(folder, rank)
+    partial = written.with_suffix(".partial")
+    partial.write_text(json.dumps(result))
+    partial.replace(written)  # the launcher never reads half a result
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _finish_together(job, rank, result["state"])
+    # Not a normal interpreter exit: a rank whose peers failed may block for minutes
+    # in a communicator's destructor; the launcher has what it needs.
+    os._exit(0)
+
+
+def _finish_together(job: dict[str, Any], rank: int, state: str) -> None:
+    """A rank that passed waits for the others before the group is destroyed: leaving
+    early would break the collectives they may still be in, and hide which rank made
+    them wait. One that failed leaves at once."""
+    from gpumagic import cuda
+
+    try:
+        if not cuda.mark_rank_done(rank) or state not in ("passed", "skipped", "xfailed"):
+            return
+        cuda.wait_for_ranks(job["world_size"], job["timeout"])
+        cuda.leave_group()
+    except Exception as exc:  # the result is written: say why, then exit
+        print(f"pytest_cuda: rank {rank} could not finish with the others: {exc}", file=sys.stderr)
+
+
+def _run(job: dict[str, Any], rank: int) -> dict[str, Any]:
+    recorded: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as recorded:
+            warnings.simplefilter("always")
+            result = _call(job, rank)
+    except BaseException as exc:
+        result = _failure(exc, job)
+    result["warnings"] = [
+        (w.category.__name__, str(w.message), w.filename, w.lineno) for w in recorded
+    ]
+    return result
+
+
+def _call(job: dict[str, Any], rank: int) -> dict[str, Any]:
+    from gpumagic import cuda
+    from pytest_cuda.distributed import RankInfo
+
+    _import_test_module(job["module"], job["module_file"])
+    function, kwargs = pickle.loads(job["call"])
+    devices: list[int] = job["devices"]
+    device = cuda.rank_device(devices[rank] if devices else None)
+    group = cuda.join_group(
+        job["backend"],
+        rank,
+        job["world_size"],
+        job["port"],
+        store_timeout_s=job["timeout"],
+        group_timeout_s=job["timeout"] + 60,
+    )
+    if job["wants_rank"]:
+        kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
+    checker = None
+    if job["leak"] is not None:
+        from pytest_cuda.leaks import NoCudaLeak
+
+        tolerance, mode, trace = job["leak"]
+        checker = NoCudaLeak(tolerance, mode, trace, subject=f"{job['name']} on rank {rank}")
+        checker.__enter__()
+    function(**kwargs)  # a body that raises is not checked for leaks, as in no_cuda_leak
+    del function, kwargs
+    # The health check first: an asynchronous error would surface in the leak check's
+    # synchronize instead, and be reported as the leak check's.
+    error = cuda.async_error()
+    if error is not None:
+        sticky = " (sticky: this rank's CUDA context is unusable)" if error.sticky else ""
+        return {
+            "state": "failed",
+            "message": f"a CUDA error surfaced after the test body returned{sticky}: "
+            f"{error.message.strip().splitlines()[0]}",
+            "traceback": error.message,
+        }
+    if checker is not None:
+        checker.__exit__(None, None, None)
+    return {"state": "passed"}
+
+
+def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
+    """How an exception ended the rank: pytest's outcomes keep their meaning."""
+    name = type(exc).__name__
+    module = type(exc).__module__
+    message = str(getattr(exc, "msg", None) or exc)
+    if module.startswith("_pytest") and name == "Skipped":
+        return {"state": "skipped", "message": message}
+    if module.startswith("_pytest") and name == "XFailed":
+        return {"state": "xfailed", "message": message}
+    text = "".join(traceback.format_exception(exc))
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if f.filename == job["module_file"]]
+    kept = _from_test(exc.__traceback__, job["module_file"])
+    if kept is not None:
+        text = "".join(traceback.format_exception(type(exc), exc, kept))
+    where = f"{_short(own[-1].filename)}:{own[-1].lineno}" if own else ""
+    headline = message.strip().splitlines()[0] if message.strip() else ""
+    if not (module.startswith("_pytest") and name == "Failed"):
+        headline = f"{name}: {headline}" if headline else name
+    return {"state": "failed", "message": headline, "traceback": text, "where": where}
+
+
+def _from_test(tb: TracebackType | None, path: str) -> TracebackType | None:
+    """The traceback from the test module's first frame on (the runner's frames cut)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != path:
+        tb = tb.tb_next
+    return tb
+
+
+def _short(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def _import_test_module(name: str, path: str) -> ModuleType:
+    """The test module under the name pytest gave it, so pickled references resolve."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    package = name.rpartition(".")[0]
+    if package:
+        importlib.import_module(package)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the test module {name} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    run = _rewritten(path) or spec.loader.exec_module
+    try:
+        run(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _rewritten(path: str) -> Callable[[ModuleType], None] | None:
+    """Running the module with pytest's assertion rewriting, where pytest offers it."""
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        source = Path(path).read_bytes()
+        tree = ast.parse(source, filename=path)
+        rewrite_asserts(tree, source, path)
+        code = compile(tree, path, "exec", dont_inherit=True)
+    except Exception:
+        return None
+
+    def run(module: ModuleType) -> None:
+        exec(code, module.__dict__)
+
+    return run
+
+
+if __name__ == "__main__":
+    main(sys.argv)

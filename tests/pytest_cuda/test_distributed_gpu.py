@@ -1,0 +1,153 @@
+"""``cuda_distributed`` on two real GPUs with NCCL: a DDP training step, a planted rank
+failure, a planted hang, a leak and a device-side assert on one rank.
+
+Every test needs two GPUs (``cuda(min_devices=2)``): on a one-GPU machine they skip,
+and fail under ``--cuda-require``, so leave this file out of one-GPU checks (as
+``scripts/gpu-check.sh`` does). The inner run's report is appended to
+``$OUT/pytest_cuda_distributed.txt`` when ``$OUT`` is set, for the closing note.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cuda(min_devices=2)
+
+PLANTED = """
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+KEPT = []
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_ddp_step(cuda_rank):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 8).to(cuda_rank.device)
+    ddp = DDP(model, device_ids=[cuda_rank.device.index])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    torch.manual_seed(1 + cuda_rank.rank)  # each rank its own batch
+    x = torch.randn(32, 64, device=cuda_rank.device)
+    ddp(x).square().mean().backward()
+    opt.step()
+    # Gradients were averaged: every rank holds the same weights after the step.
+    weights = [torch.empty_like(model.weight) for _ in range(cuda_rank.world_size)]
+    dist.all_gather(weights, model.weight.detach())
+    assert torch.equal(weights[0], weights[1])
+    assert torch.cuda.current_device() == cuda_rank.device.index
+    print(f"rank {cuda_rank.rank} on {torch.cuda.get_device_name(cuda_rank.device)}")
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_rank1_fails(cuda_rank):
+    t = torch.ones(1, device=cuda_rank.device)
+    if cuda_rank.rank == 1:
+        raise RuntimeError("planted failure on rank 1")
+    dist.all_reduce(t)
+    t.item()
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=10)
+def test_hang(cuda_rank):
+    t = torch.ones(1, device=cuda_rank.device)
+    if cuda_rank.rank == 0:
+        return  # skips the collective
+    dist.all_reduce(t)
+    t.item()
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_leak_on_rank1(cuda_rank):
+    t = torch.ones(1, device=cuda_rank.device)
+    dist.all_reduce(t)
+    if cuda_rank.rank == 1:
+        KEPT.append(torch.empty(8 << 20, dtype=torch.uint8, device=cuda_rank.device))
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_device_assert_on_rank1(cuda_rank):
+    t = torch.zeros(4, device=cuda_rank.device)
+    dist.all_reduce(t)
+    if cuda_rank.rank == 1:
+        t[torch.tensor([10], device=cuda_rank.device)] = 1.0  # out of bounds, asynchronous
+"""
+
+
+def _keep(title: str, result: pytest.RunResult) -> None:
+    out = os.environ.get("OUT")
+    if not out:
+        return
+    with (Path(out) / "pytest_cuda_distributed.txt").open("a") as log:
+        log.write(f"## {title}\n" + "\n".join(result.outlines) + "\n\n")
+
+
+def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_planted=PLANTED)
+    result = pytester.runpytest_subprocess(
+        "--cuda-devices=0,1", "--cuda-leak-check", "-rA", "-p", "no:cacheprovider"
+    )
+    _keep("pytest --cuda-devices=0,1 --cuda-leak-check (NCCL, two GPUs)", result)
+    result.assert_outcomes(passed=1, failed=4)
+    result.stdout.fnmatch_lines(["PASSED test_planted.py::test_ddp_step"])
+    result.stdout.fnmatch_lines(
+        [
+            "*Captured stdout (rank 0) call*",
+            "rank 0 on NVIDIA *",
+            "*Captured stdout (rank 1) call*",
+            "rank 1 on NVIDIA *",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_rank1_fails: rank 1 of 2 failed: RuntimeError: planted failure on rank 1 "
+            "at test_planted.py:*",
+            "rank 0 (cuda:0): still running after *, 5 s after rank 1 failed: stopped.",
+            "  Its Python stack when stopped (most recent call first):",
+            "*test_planted.py*in test_rank1_fails",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_hang: timed out after 10 s (cuda_distributed timeout): rank 1 never finished",
+            "rank 0 (cuda:0): passed after *, then waited for the other ranks until *",
+            "*in wait_for_ranks",
+            "rank 1 (cuda:1): still running after *: stopped.",
+            "*test_planted.py*in test_hang",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_leak_on_rank1: rank 1 of 2 failed: CudaLeakError: CUDA memory leak: "
+            "test_leak_on_rank1 on rank 1 left 8.0 MiB allocated on cuda:1*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["test_device_assert_on_rank1: rank 1 of 2 failed: a CUDA error surfaced after the test*"]
+    )
+
+
+DDP_UNDER_XDIST = """
+import pytest
+import torch
+import torch.distributed as dist
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_pair(cuda_rank):
+    t = torch.ones(1, device=cuda_rank.device)
+    dist.all_reduce(t)
+    assert t.item() == 2.0
+"""
+
+
+def test_ranks_under_xdist_with_two_devices_per_worker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_pair=DDP_UNDER_XDIST)
+    result = pytester.runpytest_subprocess(
+        "-n", "1", "--cuda-devices=0,1", "--cuda-devices-per-worker=2", "-p", "no:cacheprovider"
+    )
+    _keep("pytest -n 1 --cuda-devices=0,1 --cuda-devices-per-worker=2", result)
+    result.assert_outcomes(passed=1)
