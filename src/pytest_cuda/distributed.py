@@ -125,6 +125,8 @@ class RankOutcome:
     finished_at: float = 0.0
     #: Its test body had ended, and it was still waiting for the others when stopped.
     waiting: bool = False
+    #: Whether it had started the test function (its set-up was done).
+    started: bool = True
 
     def label(self) -> str:
         return f"rank {self.rank} ({self.device})"
@@ -179,7 +181,8 @@ def _describe(outcome: RankOutcome, stop_reason: str, first: RankOutcome | None)
         if outcome.stderr:
             lines += ["  its stderr ends with:", _indent(_tail(outcome.stderr, 25))]
         return lines
-    lines = [f"{outcome.label()}: still running {timing}, {stop_reason}: stopped."]
+    doing = "still running" if outcome.started else "still setting up (had not started the test)"
+    lines = [f"{outcome.label()}: {doing} {timing}, {stop_reason}: stopped."]
     return lines + _stack_lines(outcome)
 
 
@@ -199,7 +202,12 @@ def _without_runner(stack: str) -> str:
 
 
 def verdict(
-    outcomes: Sequence[RankOutcome], spec: DistributedSpec, *, timed_out: bool, name: str
+    outcomes: Sequence[RankOutcome],
+    spec: DistributedSpec,
+    *,
+    timed_out: Literal["timeout", "startup"] | None,
+    name: str,
+    startup_s: float = 0.0,
 ) -> Verdict:
     """The test's result from its ranks': the first rank to fail decides the headline;
     a timeout names the ranks that never finished; every rank's state follows."""
@@ -207,8 +215,15 @@ def verdict(
         (o for o in outcomes if o.state in ("failed", "exited")), key=lambda o: o.finished_at
     )
     stopped = [o for o in outcomes if o.state == "stopped"]
-    if timed_out:
-        names = ", ".join(f"rank {o.rank}" for o in stopped)
+    if timed_out == "startup":
+        names = ", ".join(f"rank {o.rank}" for o in stopped if not o.started)
+        headline = (
+            f"{name}: the ranks did not all start within {startup_s:g} s (Python, torch, "
+            f"CUDA and the process group's rendezvous): {names} never started the test"
+        )
+        stop_reason = f"the start-up limit of {startup_s:g} s ran out"
+    elif timed_out:
+        names = ", ".join(f"rank {o.rank}" for o in stopped) or "the ranks"
         headline = (
             f"{name}: timed out after {spec.timeout:g} s (cuda_distributed timeout): "
             f"{names} never finished"

@@ -91,7 +91,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     from pytest_cuda.distributed import verdict
-    from pytest_cuda.rank_launch import RankJob, run_ranks
+    from pytest_cuda.rank_launch import STARTUP_S, RankJob, run_ranks
 
     devices: tuple[int, ...] = ()
     if spec.uses_cuda:
@@ -119,7 +119,9 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
         shutil.rmtree(folder, ignore_errors=True)
     _add_sections(item, outcomes)
     _warn(item, outcomes)
-    result = verdict(outcomes, spec, timed_out=timed_out, name=item.name)
+    result = verdict(
+        outcomes, spec, timed_out=timed_out, name=item.name, startup_s=max(STARTUP_S, spec.timeout)
+    )
     if result.outcome == "failed":
         pytest.fail(result.text, pytrace=False)
     if result.outcome == "skipped":

@@ -21,19 +21,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpumagic import cuda
 from pytest_cuda.distributed import FAILURE_GRACE_S, RankOutcome
-from pytest_cuda.rank_main import JOB_FILE, result_path, stack_path
+from pytest_cuda.rank_main import JOB_FILE, body_path, result_path, stack_path, started_path
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from pytest_cuda.distributed import DistributedSpec
 
-__all__ = ["RankJob", "run_ranks"]
+__all__ = ["STARTUP_S", "RankJob", "run_ranks"]
 
+#: How long the ranks may take to start (Python, torch, CUDA, the process group's
+#: rendezvous) before the test's own timeout starts counting: at least this.
+STARTUP_S = 120.0
 #: How long a stopped rank may take to write its stack.
 STACK_WAIT_S = 3.0
 _POLL_S = 0.01
@@ -54,9 +57,13 @@ class RankJob:
     leak: tuple[int, str, bool] | None
 
 
-def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcome], bool]:
-    """Run the job's ranks to their end; every rank's outcome and whether time ran out."""
-    store, port = cuda.host_store(job.spec.timeout)
+def run_ranks(
+    job: RankJob, folder: Path, *, cwd: Path
+) -> tuple[list[RankOutcome], Literal["timeout", "startup"] | None]:
+    """Run the job's ranks to their end: every rank's outcome, and which time limit ran
+    out, if one did (``"startup"``: the ranks did not all start their test in time)."""
+    startup = max(STARTUP_S, job.spec.timeout)
+    store, port = cuda.host_store(startup)
     payload = {
         "name": job.name,
         "module": job.module,
@@ -66,6 +73,7 @@ def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcom
         "world_size": job.spec.world_size,
         "backend": job.spec.backend,
         "timeout": job.spec.timeout,
+        "startup": startup,
         "devices": list(job.devices),
         "leak": job.leak,
         "port": port,
@@ -79,7 +87,7 @@ def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcom
     try:
         for rank in range(job.spec.world_size):
             procs.append(_start(folder, rank, cwd))
-        timed_out = _watch(procs, folder, job.spec, ended)
+        timed_out = _watch(procs, folder, job.spec, ended, startup)
         running = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
         _dump_stacks(procs, running, folder)
         stopped.update(running)
@@ -132,9 +140,12 @@ def _watch(
     folder: Path,
     spec: DistributedSpec,
     ended: dict[int, float],
-) -> bool:
-    """Wait for every rank, until the timeout or a failure's grace runs out."""
-    deadline = time.monotonic() + spec.timeout
+    startup: float,
+) -> Literal["timeout", "startup"] | None:
+    """Wait for every rank: until the start-up limit while they set up, then until the
+    test's timeout, or until a failure's grace runs out."""
+    startup_deadline = time.monotonic() + startup
+    deadline: float | None = None
     failed_at: float | None = None
     while True:
         now = time.monotonic()
@@ -144,11 +155,17 @@ def _watch(
                 if failed_at is None and not _ended_well(folder, rank):
                     failed_at = now
         if len(ended) == len(procs):
-            return False
-        if now >= deadline:
-            return failed_at is None
-        if failed_at is not None and now >= failed_at + FAILURE_GRACE_S:
-            return False
+            return None
+        if failed_at is not None:
+            if now >= failed_at + FAILURE_GRACE_S:
+                return None
+        elif deadline is None:
+            if all(started_path(folder, rank).exists() for rank in range(len(procs))):
+                deadline = now + spec.timeout
+            elif now >= startup_deadline:
+                return "startup"
+        elif now >= deadline:
+            return "timeout"
         time.sleep(_POLL_S)
 
 
@@ -198,10 +215,7 @@ def _outcome(
 ) -> RankOutcome:
     out = _read(folder / f"rank{rank}.out")
     err = _read(folder / f"rank{rank}.err")
-    try:
-        result: dict[str, Any] = json.loads(result_path(folder, rank).read_text())
-    except (OSError, ValueError):
-        result = {}
+    result = _json(result_path(folder, rank))
     if result:
         return RankOutcome(
             rank,
@@ -215,12 +229,26 @@ def _outcome(
             stderr=err,
             exit_code=proc.returncode,
             warnings=[tuple(w) for w in result.get("warnings", [])],
+        )
+    stack = _read(stack_path(folder, rank)) if stopped else ""
+    body = _json(body_path(folder, rank))
+    if body:  # its test body ended well, and it waited for the others
+        return RankOutcome(
+            rank,
+            device,
+            body["state"],
+            seconds=float(body.get("seconds", 0.0)),
+            stdout=out,
+            stderr=err,
+            warnings=[tuple(w) for w in body.get("warnings", [])],
             waiting=stopped,
-            stack=_read(stack_path(folder, rank)) if stopped else "",
+            stack=stack,
         )
     if stopped:
-        stack = _read(stack_path(folder, rank))
-        return RankOutcome(rank, device, "stopped", stack=stack, stdout=out, stderr=err)
+        started = started_path(folder, rank).exists()
+        return RankOutcome(
+            rank, device, "stopped", stack=stack, stdout=out, stderr=err, started=started
+        )
     code = proc.returncode
     how = _exit_text(code)
     return RankOutcome(
@@ -232,6 +260,14 @@ def _outcome(
         stderr=err,
         exit_code=code,
     )
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found
 
 
 def _exit_text(code: int | None) -> str:

@@ -12,6 +12,7 @@ job's folder. ``SIGUSR1`` makes it write every thread's Python stack to
 from __future__ import annotations
 
 import ast
+import contextlib
 import faulthandler
 import importlib
 import importlib.util
@@ -30,7 +31,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType, TracebackType
 
-__all__ = ["JOB_FILE", "main", "result_path", "stack_path"]
+    from pytest_cuda.leaks import NoCudaLeak
+
+__all__ = ["JOB_FILE", "body_path", "main", "result_path", "stack_path", "started_path"]
 
 JOB_FILE = "job.pickle"
 
@@ -43,12 +46,27 @@ def stack_path(folder: Path, rank: int) -> Path:
     return folder / f"rank{rank}.stack"
 
 
+def started_path(folder: Path, rank: int) -> Path:
+    """Written when the rank is about to call the test function: its set-up is done."""
+    return folder / f"rank{rank}.started"
+
+
+def body_path(folder: Path, rank: int) -> Path:
+    """How the test body ended, for a rank that then waits for the others."""
+    return folder / f"rank{rank}.body"
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(result))
+    partial.replace(path)  # the launcher never reads half a file
+
+
 def main(argv: list[str]) -> int:
     folder, rank = Path(argv[1]), int(argv[2])
     stack_file = stack_path(folder, rank).open("w")  # kept open for the signal handler
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    start = time.monotonic()
     job: dict[str, Any] = pickle.loads((folder / JOB_FILE).read_bytes())
     sys.path[:] = job["sys_path"]
     os.environ.update(
@@ -57,90 +75,114 @@ def main(argv: list[str]) -> int:
         WORLD_SIZE=str(job["world_size"]),
         LOCAL_WORLD_SIZE=str(job["world_size"]),
     )
-    result = _run(job, rank)
-    result["seconds"] = time.monotonic() - start
-    written = result_path(folder, rank)
-    partial = written.with_suffix(".partial")
-    partial.write_text(json.dumps(result))
-    partial.replace(written)  # the launcher never reads half a result
+    _Rank(job, rank, folder).run()
     sys.stdout.flush()
     sys.stderr.flush()
-    _finish_together(job, rank, result["state"])
     # Not a normal interpreter exit: a rank whose peers failed may block for minutes
     # in a communicator's destructor; the launcher has what it needs.
     os._exit(0)
 
 
-def _finish_together(job: dict[str, Any], rank: int, state: str) -> None:
-    """A rank that passed waits for the others before the group is destroyed: leaving
-    early would break the collectives they may still be in, and hide which rank made
-    them wait. One that failed leaves at once."""
-    from gpumagic import cuda
+class _Rank:
+    """One rank's run: set up, the test body, the health check, finishing together with
+    the other ranks, then the leak check once the process group is gone."""
 
-    try:
-        if not cuda.mark_rank_done(rank) or state not in ("passed", "skipped", "xfailed"):
-            return
-        cuda.wait_for_ranks(job["world_size"], job["timeout"])
+    def __init__(self, job: dict[str, Any], rank: int, folder: Path) -> None:
+        self.job = job
+        self.rank = rank
+        self.folder = folder
+        self.start = time.monotonic()
+        self.joined = False
+        self.leak_check: NoCudaLeak | None = None
+        self.warnings: list[warnings.WarningMessage] = []
+
+    def run(self) -> None:
+        result = self._guarded(self._body)
+        if result["state"] == "passed" and self.joined:
+            _write(body_path(self.folder, self.rank), self._stamped(result))
+            result = self._guarded(self._finish_together)
+        elif self.joined:
+            with contextlib.suppress(Exception):  # the failure is what gets reported
+                from gpumagic import cuda
+
+                cuda.mark_rank_done(self.rank)  # the others need not wait for this one
+        _write(result_path(self.folder, self.rank), self._stamped(result))
+
+    def _stamped(self, result: dict[str, Any]) -> dict[str, Any]:
+        result["seconds"] = time.monotonic() - self.start
+        result["warnings"] = [
+            (w.category.__name__, str(w.message), w.filename, w.lineno) for w in self.warnings
+        ]
+        return result
+
+    def _guarded(self, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            with warnings.catch_warnings(record=True) as recorded:
+                warnings.simplefilter("always")
+                try:
+                    return step()
+                finally:
+                    self.warnings += recorded
+        except BaseException as exc:
+            return _failure(exc, self.job)
+
+    def _body(self) -> dict[str, Any]:
+        from gpumagic import cuda
+        from pytest_cuda.distributed import RankInfo
+
+        job, rank = self.job, self.rank
+        _import_test_module(job["module"], job["module_file"])
+        function, kwargs = pickle.loads(job["call"])
+        devices: list[int] = job["devices"]
+        device = cuda.rank_device(devices[rank] if devices else None)
+        group = cuda.join_group(
+            job["backend"],
+            rank,
+            job["world_size"],
+            job["port"],
+            store_timeout_s=job["startup"],
+            group_timeout_s=job["timeout"] + 60,
+        )
+        self.joined = True
+        if job["wants_rank"]:
+            kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
+        if job["leak"] is not None:
+            from pytest_cuda.leaks import NoCudaLeak
+
+            tolerance, mode, trace = job["leak"]
+            subject = f"{job['name']} on rank {rank}"
+            self.leak_check = NoCudaLeak(tolerance, mode, trace, subject=subject)
+            self.leak_check.__enter__()
+        started_path(self.folder, rank).touch()
+        function(**kwargs)
+        del function, kwargs
+        # The health check first: an asynchronous error would surface in the leak
+        # check's synchronize instead, and be reported as the leak check's.
+        error = cuda.async_error()
+        if error is not None:
+            sticky = " (sticky: this rank's CUDA context is unusable)" if error.sticky else ""
+            return {
+                "state": "failed",
+                "message": f"a CUDA error surfaced after the test body returned{sticky}: "
+                f"{error.message.strip().splitlines()[0]}",
+                "traceback": error.message,
+            }
+        return {"state": "passed"}
+
+    def _finish_together(self) -> dict[str, Any]:
+        """A rank that passed waits for the others before the group is destroyed:
+        leaving early would break the collectives they may still be in, and hide which
+        rank made them wait. The leak check comes after: what the process group keeps
+        (buffers of its last collectives) is the group's, and goes with it."""
+        from gpumagic import cuda
+
+        cuda.mark_rank_done(self.rank)
+        # Longer than the launcher waits: a rank never leaves before the others finish.
+        cuda.wait_for_ranks(self.job["world_size"], self.job["timeout"] + self.job["startup"])
         cuda.leave_group()
-    except Exception as exc:  # the result is written: say why, then exit
-        print(f"pytest_cuda: rank {rank} could not finish with the others: {exc}", file=sys.stderr)
-
-
-def _run(job: dict[str, Any], rank: int) -> dict[str, Any]:
-    recorded: list[warnings.WarningMessage] = []
-    try:
-        with warnings.catch_warnings(record=True) as recorded:
-            warnings.simplefilter("always")
-            result = _call(job, rank)
-    except BaseException as exc:
-        result = _failure(exc, job)
-    result["warnings"] = [
-        (w.category.__name__, str(w.message), w.filename, w.lineno) for w in recorded
-    ]
-    return result
-
-
-def _call(job: dict[str, Any], rank: int) -> dict[str, Any]:
-    from gpumagic import cuda
-    from pytest_cuda.distributed import RankInfo
-
-    _import_test_module(job["module"], job["module_file"])
-    function, kwargs = pickle.loads(job["call"])
-    devices: list[int] = job["devices"]
-    device = cuda.rank_device(devices[rank] if devices else None)
-    group = cuda.join_group(
-        job["backend"],
-        rank,
-        job["world_size"],
-        job["port"],
-        store_timeout_s=job["timeout"],
-        group_timeout_s=job["timeout"] + 60,
-    )
-    if job["wants_rank"]:
-        kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
-    checker = None
-    if job["leak"] is not None:
-        from pytest_cuda.leaks import NoCudaLeak
-
-        tolerance, mode, trace = job["leak"]
-        checker = NoCudaLeak(tolerance, mode, trace, subject=f"{job['name']} on rank {rank}")
-        checker.__enter__()
-    function(**kwargs)  # a body that raises is not checked for leaks, as in no_cuda_leak
-    del function, kwargs
-    # The health check first: an asynchronous error would surface in the leak check's
-    # synchronize instead, and be reported as the leak check's.
-    error = cuda.async_error()
-    if error is not None:
-        sticky = " (sticky: this rank's CUDA context is unusable)" if error.sticky else ""
-        return {
-            "state": "failed",
-            "message": f"a CUDA error surfaced after the test body returned{sticky}: "
-            f"{error.message.strip().splitlines()[0]}",
-            "traceback": error.message,
-        }
-    if checker is not None:
-        checker.__exit__(None, None, None)
-    return {"state": "passed"}
+        if self.leak_check is not None:
+            self.leak_check.__exit__(None, None, None)
+        return {"state": "passed"}
 
 
 def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +194,9 @@ def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
         return {"state": "skipped", "message": message}
     if module.startswith("_pytest") and name == "XFailed":
         return {"state": "xfailed", "message": message}
+    if name == "CudaLeakError":  # its text is the report; its frames are ours
+        first, _, details = message.partition("\n")
+        return {"state": "failed", "message": first, "traceback": details}
     text = "".join(traceback.format_exception(exc))
     frames = traceback.extract_tb(exc.__traceback__)
     own = [f for f in frames if f.filename == job["module_file"]]

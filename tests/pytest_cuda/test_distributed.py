@@ -216,7 +216,7 @@ def test_a_rank_that_died_is_reported_with_its_exit() -> None:
             1, "cuda:1", "exited", seconds=0.5, message="killed by SIGSEGV", stderr="boom\n"
         ),
     ]
-    result = verdict(outcomes, DistributedSpec(), timed_out=False, name="test_x")
+    result = verdict(outcomes, DistributedSpec(), timed_out=None, name="test_x")
     assert result.outcome == "failed"
     assert result.text.splitlines()[0] == "test_x: rank 1 of 2 failed: killed by SIGSEGV"
     assert "rank 1 (cuda:1): the process ended after 0.5 s without a result" in result.text
@@ -228,7 +228,7 @@ def test_a_skipped_rank_skips_the_test() -> None:
         RankOutcome(0, "cpu", "passed"),
         RankOutcome(1, "cpu", "skipped", message="needs a file"),
     ]
-    result = verdict(outcomes, DistributedSpec(backend="gloo"), timed_out=False, name="t")
+    result = verdict(outcomes, DistributedSpec(backend="gloo"), timed_out=None, name="t")
     assert (result.outcome, result.text) == ("skipped", "rank 1: needs a file")
 
 

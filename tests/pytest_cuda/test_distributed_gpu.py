@@ -89,9 +89,14 @@ def _keep(title: str, result: pytest.RunResult) -> None:
 def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_planted=PLANTED)
     result = pytester.runpytest_subprocess(
-        "--cuda-devices=0,1", "--cuda-leak-check", "-rA", "-p", "no:cacheprovider"
+        "--cuda-devices=0,1",
+        "--cuda-leak-check",
+        "--cuda-leak-trace",
+        "-rA",
+        "-p",
+        "no:cacheprovider",
     )
-    _keep("pytest --cuda-devices=0,1 --cuda-leak-check (NCCL, two GPUs)", result)
+    _keep("pytest --cuda-devices=0,1 --cuda-leak-check --cuda-leak-trace (NCCL, 2 GPUs)", result)
     result.assert_outcomes(passed=1, failed=4)
     result.stdout.fnmatch_lines(["PASSED test_planted.py::test_ddp_step"])
     result.stdout.fnmatch_lines(
@@ -122,8 +127,9 @@ def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
     )
     result.stdout.fnmatch_lines(
         [
-            "test_leak_on_rank1: rank 1 of 2 failed: CudaLeakError: CUDA memory leak: "
-            "test_leak_on_rank1 on rank 1 left 8.0 MiB allocated on cuda:1*",
+            "test_leak_on_rank1: rank 1 of 2 failed: CUDA memory leak: test_leak_on_rank1 "
+            "on rank 1 left 8.0 MiB on cuda:1 allocated (tolerance 0 B), allocated at "
+            "test_planted.py:*",
         ]
     )
     result.stdout.fnmatch_lines(
