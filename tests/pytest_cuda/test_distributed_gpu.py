@@ -25,6 +25,48 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 KEPT = []
 
 
+def _who_holds(obj, depth=4):
+    import gc
+    import types
+
+    lines, layer = [], [obj]
+    skip = {id(layer)}
+    for level in range(depth):
+        found = []
+        for target in layer:
+            for ref in gc.get_referrers(target):
+                if id(ref) in skip or isinstance(ref, types.FrameType):
+                    continue
+                skip.add(id(ref))
+                found.append(ref)
+                lines.append(f"{'  ' * level}{type(ref).__module__}.{type(ref).__qualname__}")
+        layer = found[:8]
+    return lines
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_ddp_who_holds_the_weight(cuda_rank):
+    import gc
+    import weakref
+
+    def step():
+        model = torch.nn.Linear(64, 8).to(cuda_rank.device)
+        ddp = DDP(model, device_ids=[cuda_rank.device.index])
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        ddp(torch.randn(32, 64, device=cuda_rank.device)).square().mean().backward()
+        opt.step()
+        weights = [torch.empty_like(model.weight) for _ in range(cuda_rank.world_size)]
+        dist.all_gather(weights, model.weight.detach())
+        return weakref.ref(model.weight), weakref.ref(model.bias)
+
+    weight, bias = step()
+    torch.cuda.synchronize()
+    gc.collect()
+    print("weight alive:", weight() is not None, "bias alive:", bias() is not None)
+    if weight() is not None:
+        print("\n".join(_who_holds(weight())))
+
+
 @pytest.mark.cuda_distributed(world_size=2, timeout=120)
 def test_ddp_step(cuda_rank):
     torch.manual_seed(0)
@@ -88,6 +130,10 @@ def _keep(title: str, result: pytest.RunResult) -> None:
 
 def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_planted=PLANTED)
+    diag = pytester.runpytest_subprocess(
+        "--cuda-devices=0,1", "-rA", "-p", "no:cacheprovider", "-k", "who_holds"
+    )
+    _keep("diagnostic: who holds the DDP weight", diag)
     result = pytester.runpytest_subprocess(
         "--cuda-devices=0,1",
         "--cuda-leak-check",
@@ -95,6 +141,8 @@ def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
         "-rA",
         "-p",
         "no:cacheprovider",
+        "-k",
+        "not who_holds",
     )
     _keep("pytest --cuda-devices=0,1 --cuda-leak-check --cuda-leak-trace (NCCL, 2 GPUs)", result)
     result.assert_outcomes(passed=1, failed=4)
