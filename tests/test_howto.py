@@ -79,6 +79,18 @@ ON_GPU: dict[str, tuple[int | None, tuple[str, ...]]] = {
         1,
         ("raised by the synchronize right after aten.index.Tensor",),
     ),
+    "pytest --cuda-devices=0,1 test_ddp.py": (0, ("3 passed",)),
+    "pytest --cuda-devices=0,1 test_broken.py": (
+        1,
+        (
+            "test_rank1_raises: rank 1 of 2 failed: ValueError: bad shard at test_broken.py:10",
+            "test_rank0_skips_the_collective: timed out after 20 s (cuda_distributed timeout): "
+            "rank 1 never finished",
+            "2 failed",
+        ),
+    ),
+    "pytest test_ddp_logic.py": (0, ("1 passed",)),
+    "pytest -n 1 --cuda-devices=0,1 --cuda-devices-per-worker=2 test_ddp.py": (0, ("3 passed",)),
     # The device-side assert aborts the process under the sanitizer (exit 6 on an H200).
     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer pytest 'test_indexing.py::test_gather'": (
         None,
@@ -86,10 +98,16 @@ ON_GPU: dict[str, tuple[int | None, tuple[str, ...]]] = {
     ),
 }
 
+# Commands whose tests need no GPU (gloo ranks): what they show on a machine without one.
+ON_CPU: dict[str, tuple[int, tuple[str, ...]]] = {
+    "pytest test_ddp_logic.py": (0, ("1 passed",)),
+}
+
 
 def test_every_guide_has_commands_or_cells() -> None:
     assert set(PAGES) == {
         "device-side-assert",
+        "distributed",
         "fix-a-leak",
         "gpu-memory",
         "multi-gpu",
@@ -143,8 +161,14 @@ def test_command_runs_as_written(page: str, command: str, tmp_path: Path) -> Non
     assert "INTERNALERROR" not in output, output
     assert "UsageError" not in output, output
     assert not re.search(r"^ERROR: ", output, re.MULTILINE), output
+    if have == 0 and command in ON_CPU:
+        returncode, fragments = ON_CPU[command]
+        assert result.returncode == returncode, output
+        for fragment in fragments:
+            assert fragment in output, (fragment, output)
+        return
     if have == 0:
-        # Every test of the guides needs a GPU: here they skip, with the reason.
+        # The other tests of the guides need a GPU: here they skip, with the reason.
         assert result.returncode == 0, output
         assert "skipped" in output, output
         return
