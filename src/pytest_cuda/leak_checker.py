@@ -93,7 +93,7 @@ class LeakChecker:
         self.everywhere: bool = config.getoption("cuda_leak_check")
         self.peaks = config.getoption("cuda_memory_report") > 0
         self.recording = StackRecording() if config.getoption("cuda_leak_trace") else None
-        self.source = CudaMemory()
+        self.source = CudaMemory(reset_caches=config.getoption("cuda_leak_reset_caches"))
         self.root = str(config.rootpath)
         self._current: _Check | None = None
 

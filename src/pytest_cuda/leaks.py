@@ -8,9 +8,10 @@ touches CUDA only through :mod:`gpumagic.cuda`:
   (pytest-xdist workers, a notebook) cannot move them.
 * **Settling** (:func:`settle`) runs the cheap-first ladder of :class:`SettleStep` s:
   young garbage, the memory libraries keep by design (cuBLAS/cuBLASLt workspaces, cuFFT
-  plans), a full garbage collection, blocks waiting on other streams, torch.compile
-  caches, then a second look; it re-measures after each step and stops as soon as
-  nothing is over the tolerance.
+  plans), a full garbage collection, blocks waiting on other streams (and, only when
+  asked, torch.compile's caches); it re-measures after each step and stops as soon as
+  nothing is over the tolerance. No step sleeps, and none changes what the code under
+  test does next.
 * **Attribution** reads one allocator snapshot taken with allocation-stack recording on:
   the event ring says which live blocks were allocated since the check began
   (:func:`blocks_allocated_since`, the diff against the start), and those are grouped
@@ -293,23 +294,19 @@ def _release_cached_blocks(devices: tuple[int, ...]) -> bool:
     return True
 
 
-def _look_again(pause: float) -> Callable[[tuple[int, ...]], bool]:
-    def run(devices: tuple[int, ...]) -> bool:
-        # Another thread (a data loader, a callback) may still drop its references.
-        time.sleep(pause)
-        gc.collect()
-        cuda.release_cached_blocks(devices)
-        return True
-
-    return run
-
-
+@dataclass(frozen=True)
 class CudaMemory:
     """This process's caching allocator, read and settled through :mod:`gpumagic.cuda`.
 
     Reading costs one nested C call per device (about 8 µs) and touches nothing
-    before CUDA is initialised.
+    before CUDA is initialised. Settling changes nothing the code under test relies
+    on: collecting garbage, and releasing what libraries re-create on demand (cuBLAS
+    workspaces, cuFFT plans, cached blocks). ``reset_caches`` adds
+    ``torch._dynamo.reset()``, which throws compiled code away (later calls compile
+    again): only when the user asks for it (``--cuda-leak-reset-caches``).
     """
+
+    reset_caches: bool = False
 
     def read(self) -> dict[int, int]:
         if not cuda.is_initialized():
@@ -321,7 +318,9 @@ class CudaMemory:
         # process (torch_geometric's, on an H100) and was the whole 24 s of settling
         # there, while every one of its 71 runs left the growth to the next step, the
         # cuBLAS workspaces (0.03 ms): the library caches go before the full collection.
-        return (
+        # No step sleeps, and none drops what the suite would have to rebuild
+        # differently: workspaces, plans and cached blocks come back on demand, the same.
+        steps = (
             SettleStep("young garbage (gc generation 1)", _collect_young),
             SettleStep(
                 "cuBLAS/cuBLASLt workspaces",
@@ -335,12 +334,15 @@ class CudaMemory:
                 _release_cached_blocks,
                 at_start=True,
             ),
+        )
+        if not self.reset_caches:
+            return steps
+        return (
+            *steps,
             SettleStep(
-                "torch.compile caches (torch._dynamo.reset)",
+                "torch.compile caches (torch._dynamo.reset, --cuda-leak-reset-caches)",
                 lambda d: cuda.reset_compile_caches(),
             ),
-            SettleStep("a second look after 10 ms", _look_again(0.01)),
-            SettleStep("a third look after 100 ms", _look_again(0.1)),
         )
 
 

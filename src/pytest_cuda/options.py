@@ -130,7 +130,7 @@ def add_options(parser: Parser) -> None:
         default=False,
         help="fail every test that leaves CUDA memory allocated (this process's caching "
         "allocator, per device, after garbage collection and after releasing what "
-        "cuBLAS, cuFFT and torch.compile keep by design). Tests that never use CUDA "
+        "cuBLAS and cuFFT keep by design and re-create on demand). Tests that never use CUDA "
         "cost a few microseconds.",
     )
     group.addoption(
@@ -141,6 +141,16 @@ def add_options(parser: Parser) -> None:
         help="record the Python stack of every CUDA allocation (about 2 us each), so a "
         "leak report names the lines that allocated the blocks still alive. Applies "
         "to the tests checked by --cuda-leak-check or the cuda_leak_check marker.",
+    )
+    group.addoption(
+        "--cuda-leak-reset-caches",
+        dest="cuda_leak_reset_caches",
+        action="store_true",
+        default=False,
+        help="before judging a test leaking, also call torch._dynamo.reset(), which "
+        "throws away the compiled code of torch.compile (later calls compile again, so "
+        "the suite runs differently than without the check). Off by default: compiled "
+        "graphs' memory is then reported with its holder.",
     )
     group.addoption(
         "--cuda-memory-report",

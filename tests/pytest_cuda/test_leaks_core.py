@@ -382,7 +382,6 @@ def test_what_libraries_keep_is_released_before_judging(fake: FakeAllocator) -> 
     before = CudaMemory().read()
     fake.matmul()
     fake.fft()
-    fake.compile()
     fake.free_on_another_stream(fake.tensor(1000))
     cycle: list[object] = [fake.tensor(100)]
     cycle.append(cycle)
@@ -394,7 +393,20 @@ def test_what_libraries_keep_is_released_before_judging(fake: FakeAllocator) -> 
         "cuBLAS/cuBLASLt workspaces": {0: 32 * MIB},
         "cuFFT plan caches": {0: 2 * MIB},
         "blocks freed on other streams (synchronize, empty_cache)": {0: 1024},
-        "torch.compile caches (torch._dynamo.reset)": {0: 4096},
+    }
+    assert "reset_compile_caches" not in fake.calls
+
+
+def test_compiled_code_is_thrown_away_only_when_asked(fake: FakeAllocator) -> None:
+    fake.init()
+    before = CudaMemory().read()
+    fake.compile()  # the stand-in's compiled graph holds 4 KiB
+    assert settle(before, CudaMemory(), 0).leaked == {0: 4096}
+    assert "reset_compile_caches" not in fake.calls
+    result = settle(before, CudaMemory(reset_caches=True), 0)
+    assert result.clean, result
+    assert dict(result.kept_by_libraries()) == {
+        "torch.compile caches (torch._dynamo.reset, --cuda-leak-reset-caches)": {0: 4096},
     }
 
 
@@ -404,9 +416,12 @@ def test_a_kept_tensor_survives_every_step(fake: FakeAllocator) -> None:
     kept = fake.tensor(4)
     result = settle(before, CudaMemory(), 0)
     assert result.leaked == {0: 512}
-    assert [r.step for r in result.released][-2:] == [
-        "a second look after 10 ms",
-        "a third look after 100 ms",
+    # Every step ran, none of them sleeps or throws compiled code away.
+    assert [r.step for r in result.released] == [
+        "young garbage (gc generation 1)",
+        "cuBLAS/cuBLASLt workspaces",
+        "garbage collection",
+        "blocks freed on other streams (synchronize, empty_cache)",
     ]
     del kept
 
