@@ -1,0 +1,505 @@
+"""Who holds leaked memory: from each leaked tensor up to a root a person recognises.
+
+Runs only for a test already judged leaking. The walk goes *up* the references
+(:func:`gc.get_referrers`, one scan of the heap per level for all tensors at once) from
+the leaked tensors until it meets a root: a module global (``mymod._cache['x']``), a
+class attribute (``Model.store[0]``), a ``functools.lru_cache`` (saying when its keys
+hold test instances), a closure cell, a pytest fixture's cached value, or a library's
+global (torch.compile, inductor, a singleton: "library cache", so a library's by-design
+cache is told from the user's leak). Tensors saved by an autograd graph have no Python
+object of their own; they are found from the graph's owner (``loss.grad_fn`` and the
+``_saved_*`` tensors below it). What no Python object reaches is said to be so.
+
+Pure Python over objects it is given: no torch import, no CUDA call (tensor facts come
+from a function passed in). Every failure to inspect an object is noted, never raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+import types
+import unittest
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpumagic.units import format_bytes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
+    Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
+
+__all__ = ["HolderScan", "LeakHolder", "find_holders"]
+
+#: How far up the walk goes, and how many objects one level may hold.
+MAX_DEPTH = 12
+MAX_FRONTIER = 2_000
+#: How many autograd graph nodes are read when looking for saved tensors.
+MAX_GRAPH_NODES = 20_000
+
+_LIBRARY_ROOTS = ("torch", "triton", "functorch", "_pytest", "pluggy", "numpy")
+
+Step = tuple[str, Any]  # ("key", k) | ("index", i) | ("attr", name) | ("dictof", None) | ...
+
+
+@dataclass(frozen=True)
+class LeakHolder:
+    """One root that keeps leaked tensors alive, and how much it holds."""
+
+    path: str
+    kind: str
+    nbytes: int
+    devices: tuple[str, ...]
+    tensors: int = 1
+    note: str = ""
+
+    def describe(self) -> str:
+        where = ", ".join(self.devices)
+        count = f"{self.tensors} tensor" + ("s" if self.tensors != 1 else "")
+        note = f"; {self.note}" if self.note else ""
+        return f"{format_bytes(self.nbytes)} ({count}) on {where}: {self.path} ({self.kind}{note})"
+
+
+@dataclass(frozen=True)
+class HolderScan:
+    """What the walk found: holders, largest first, and what it could not see."""
+
+    holders: tuple[LeakHolder, ...]
+    notes: tuple[str, ...] = ()
+    found: int = 0  # bytes of the leaked storages that Python objects reach
+
+    def first(self) -> str | None:
+        """``"mymod.CACHE['x'] (module global)"`` for the largest holder."""
+        if not self.holders:
+            return None
+        top = self.holders[0]
+        return f"{top.path} ({top.kind})"
+
+
+@dataclass(slots=True)
+class _Target:
+    """One leaked storage: a tensor that shows it, its size and device."""
+
+    obj: object
+    nbytes: int
+    device: str
+    tensors: int = 1
+    path: str = ""
+    kind: str = ""
+    note: str = ""
+
+
+@dataclass(slots=True)
+class _Node:
+    obj: object
+    steps: list[Step]
+    target: _Target
+    through: set[str] = field(default_factory=set)
+
+
+def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
+    """Walk from every leaked storage among ``objects`` to its root.
+
+    ``facts(obj)`` answers ``(storage key, bytes, device)`` for a leaked tensor (views
+    of one storage share the key) and ``None`` for anything else; ``objects`` is the
+    heap to search (``gc.get_objects()``). Never raises: what cannot be inspected is
+    in :attr:`HolderScan.notes`.
+    """
+    notes: list[str] = []
+    targets: dict[tuple[str, int], _Target] = {}
+    frozen = gc.get_freeze_count()
+    if frozen:
+        notes.append(
+            f"{frozen} objects frozen by gc.freeze() are invisible to the walk: a holder "
+            "among them is reported as unreachable"
+        )
+    try:
+        # Reading arbitrary objects can warn (deprecated module attributes): not the
+        # user's warnings to see.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            targets.update(_targets(objects, facts))
+            _walk_up(list(targets.values()), notes, ignore={id(objects)})
+            _saved_by_graphs(objects, targets, facts, notes)
+        if not targets:
+            notes.append("no Python tensor object shows the leaked blocks")
+    except Exception as exc:  # the report must come out whatever the heap holds
+        notes.append(f"the walk stopped: {type(exc).__name__}: {exc}")
+    return _scan(list(targets.values()), notes)
+
+
+def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _Target]:
+    found: dict[tuple[str, int], _Target] = {}
+    for obj in objects:
+        try:
+            fact = facts(obj)
+        except Exception:  # an object whose isinstance or attributes raise
+            continue
+        if fact is None:
+            continue
+        key, nbytes, device = fact
+        if key in found:
+            found[key].tensors += 1
+        else:
+            found[key] = _Target(obj, nbytes, device)
+    return found
+
+
+def _scan(targets: list[_Target], notes: list[str]) -> HolderScan:
+    groups: dict[tuple[str, str, str], list[_Target]] = {}
+    for target in targets:
+        if not target.path:
+            target.path = "no Python object that the walk reached"
+            target.kind = "C++ side or unreachable: a library workspace, or an object cycle"
+        groups.setdefault((target.path, target.kind, target.note), []).append(target)
+    holders = [
+        LeakHolder(
+            path,
+            kind,
+            sum(t.nbytes for t in group),
+            tuple(sorted({t.device for t in group})),
+            sum(t.tensors for t in group),
+            note,
+        )
+        for (path, kind, note), group in groups.items()
+    ]
+    holders.sort(key=lambda h: (h.kind.startswith("C++"), -h.nbytes, h.path))
+    found = sum(t.nbytes for t in targets if not t.kind.startswith("C++"))
+    return HolderScan(tuple(holders), tuple(notes), found)
+
+
+# ---------------------------------------------------------------------------
+# The walk up.
+
+
+def _walk_up(targets: list[_Target], notes: list[str], ignore: Iterable[int] = ()) -> None:
+    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
+    layer = [_Node(t.obj, [], t) for t in targets]
+    seen = {id(t.obj) for t in targets}
+    own = {id(layer), id(targets), id(seen), *ignore}
+    for _depth in range(MAX_DEPTH):
+        layer = [n for n in layer if not n.target.path]
+        if not layer:
+            return
+        by_id: dict[int, list[_Node]] = {}
+        for node in layer:
+            by_id.setdefault(id(node.obj), []).append(node)
+        nodes = tuple(node.obj for node in layer)
+        own.add(id(nodes))
+        referrers = gc.get_referrers(*nodes)
+        own.add(id(referrers))
+        following: list[_Node] = []
+        for ref in referrers:
+            if id(ref) in own or isinstance(ref, types.FrameType | _Target | _Node):
+                continue
+            for child in _children_in(ref, by_id):
+                for node in by_id[id(child)]:
+                    if node.target.path:
+                        continue
+                    step = _follow(ref, child, node, modules)
+                    # A root ends a path however often it is met; an object in between
+                    # is walked from once.
+                    if step is not None and id(ref) not in seen:
+                        seen.add(id(ref))
+                        following.append(step)
+        del referrers, nodes
+        if len(following) > MAX_FRONTIER:
+            notes.append(f"the walk kept the first {MAX_FRONTIER} of {len(following)} paths")
+            following = following[:MAX_FRONTIER]
+        layer = following
+    if any(not n.target.path for n in layer):
+        notes.append(f"some paths were longer than {MAX_DEPTH} steps")
+
+
+def _children_in(ref: object, by_id: dict[int, list[_Node]]) -> list[object]:
+    try:
+        return [child for child in gc.get_referents(ref) if id(child) in by_id]
+    except Exception:
+        return []
+
+
+def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) -> _Node | None:
+    """``ref`` refers to ``child`` (a node of the walk): a root (recorded on the node's
+    target), or the next node up, or ``None`` for a link the walk does not follow."""
+    target = node.target
+    through = set(node.through)
+    if _is_test_instance(child):
+        through.add(type(child).__qualname__)
+    note = _through_note(through)
+    if isinstance(ref, dict) and id(ref) in modules:
+        module = modules[id(ref)]
+        key = _key_of(ref, child)
+        path = _render(module, [("attr", key), *node.steps])
+        kind = "library cache" if _is_library(module) else "module global"
+        _root(target, path, kind, note)
+        return None
+    if isinstance(ref, functools._lru_cache_wrapper):
+        name = f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
+        keyed = _test_instances_in_keys(ref)
+        if keyed:
+            through.update(keyed)
+            note = _through_note(through) + (
+                f"; its keys hold {', '.join(sorted(keyed))} instances, so the cache keeps "
+                "each test instance and what it holds"
+            )
+        kind = "library cache" if _is_library(name) else "functools.lru_cache"
+        # A bounded cache holds results in its own links (one step); functools.cache
+        # in a dict, whose key step the walk already has.
+        if isinstance(child, dict):
+            where, steps = f"{name}.cache", node.steps
+        elif isinstance(child, list | tuple) and any(_is_test_instance(x) for x in child):
+            where, steps = f"{name}.cache key", node.steps  # the arguments, self first
+        else:
+            where, steps = f"{name}.cache", [("key", "…"), *node.steps]
+        _root(target, _render(where, steps), kind, note)
+        return None
+    if isinstance(ref, types.CellType):
+        owner = _closure_owner(ref)
+        if owner is not None:
+            function, variable = owner
+            name = f"{function.__module__}.{function.__qualname__}"
+            kind = "library cache" if _is_library(function.__module__) else "closure cell"
+            _root(target, _render(f"{name} closure variable {variable!r}", node.steps), kind, note)
+            return None
+    fixture = _fixture_name(ref)
+    if fixture is not None:
+        # FixtureDef.__dict__['cached_result'][0] is the value.
+        steps = node.steps
+        if steps[:2] == [("key", "cached_result"), ("index", 0)]:
+            steps = steps[2:]
+        _root(target, _render(f"fixture {fixture}", steps), "pytest fixture value", note)
+        return None
+    step = _step(ref, child)
+    if step is None:
+        return None
+    if step[0] == "dictof" and isinstance(ref, type):
+        # The class's own __dict__: a class attribute, a root.
+        name = f"{ref.__module__}.{ref.__qualname__}"
+        kind = "library cache" if _is_library(ref.__module__) else "class attribute"
+        _root(target, _render(name, [step, *node.steps]), kind, note)
+        return None
+    return _Node(ref, [step, *node.steps], target, through)
+
+
+def _root(target: _Target, path: str, kind: str, note: str) -> None:
+    target.path, target.kind, target.note = path, kind, note.lstrip("; ")
+
+
+def _through_note(through: set[str]) -> str:
+    return f"through a {', '.join(sorted(through))} instance" if through else ""
+
+
+def _step(ref: object, child: object) -> Step | None:
+    """How ``ref`` reaches ``child``, or ``None`` for a link the walk does not follow."""
+    if isinstance(ref, dict):
+        return ("key", _key_of(ref, child))
+    if isinstance(ref, list | tuple):
+        for index, item in enumerate(ref):
+            if item is child:
+                return ("index", index)
+        return None
+    if isinstance(ref, set | frozenset):
+        return ("member", None)
+    if isinstance(ref, types.MethodType):
+        return ("bound", ref.__name__)
+    if isinstance(ref, types.FunctionType | types.ModuleType | types.CodeType):
+        return None  # globals and defaults are reached through their module
+    if isinstance(ref, type):
+        # A class reaches its attributes through the dict behind its mappingproxy.
+        if isinstance(child, dict) and any(d is child for d in gc.get_referents(vars(ref))):
+            return ("dictof", None)
+        return None
+    if getattr(ref, "__dict__", None) is child:
+        return ("dictof", None)
+    attributes = _instance_attributes(ref)
+    for name, value in attributes.items():
+        if value is child:
+            return ("attr", name)
+    for name in _slot_names(type(ref)):
+        try:
+            if getattr(ref, name) is child:
+                return ("attr", name)
+        except Exception:
+            continue
+    return ("via", type(ref).__qualname__)
+
+
+def _key_of(mapping: dict[Any, Any], child: object) -> object:
+    try:
+        for key, value in mapping.items():
+            if value is child:
+                return key
+            if key is child:
+                return "<key>"
+    except Exception:
+        return "?"
+    return "?"
+
+
+def _render(root: str, steps: Sequence[Step]) -> str:
+    text = root
+    index = 0
+    while index < len(steps):
+        kind, value = steps[index]
+        if kind == "dictof" and index + 1 < len(steps) and steps[index + 1][0] == "key":
+            text += f".{steps[index + 1][1]}"
+            index += 2
+            continue
+        if kind == "attr":
+            text += f".{value}"
+        elif kind == "key":
+            text += "[…]" if value == "…" else f"[{value!r}]"
+        elif kind == "index":
+            text += f"[{value}]"
+        elif kind == "member":
+            text += " (a set member)"
+        elif kind == "bound":
+            text += f" (bound method .{value})"
+        elif kind == "via":
+            text += f" → a {value}"
+        elif kind == "graph":
+            text += str(value)
+        index += 1
+    return text
+
+
+def _instance_attributes(obj: object) -> dict[str, Any]:
+    """An instance's attributes (since Python 3.11 they may live in the object itself,
+    with no dict object in between for the walk to meet)."""
+    try:
+        found = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _slot_names(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", ()):
+        slots = vars(klass).get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else list(slots)
+    return [n for n in names if n not in ("__dict__", "__weakref__")]
+
+
+def _is_library(module: str) -> bool:
+    top = module.split(".", 1)[0]
+    if top in _LIBRARY_ROOTS:
+        return True
+    found = sys.modules.get(top)
+    path = str(getattr(found, "__file__", "") or "")
+    return "site-packages" in path or "dist-packages" in path or top in sys.stdlib_module_names
+
+
+def _is_test_instance(obj: object) -> bool:
+    cls = type(obj)
+    return isinstance(obj, unittest.TestCase) or (
+        cls.__name__.startswith("Test") and cls.__module__ not in ("builtins",)
+    )
+
+
+def _test_instances_in_keys(wrapper: object) -> set[str]:
+    found: set[str] = set()
+    try:
+        for part in gc.get_referents(wrapper):
+            if isinstance(part, list | tuple):
+                found.update(type(x).__qualname__ for x in part if _is_test_instance(x))
+    except Exception:
+        return found
+    return found
+
+
+def _closure_owner(cell: types.CellType) -> tuple[types.FunctionType, str] | None:
+    for closure in gc.get_referrers(cell):
+        if not isinstance(closure, tuple):
+            continue
+        for function in gc.get_referrers(closure):
+            if isinstance(function, types.FunctionType) and function.__closure__ is closure:
+                index = closure.index(cell)
+                return function, function.__code__.co_freevars[index]
+    return None
+
+
+def _fixture_name(ref: object) -> str | None:
+    """A pytest ``FixtureDef``'s cached result holds the value: name the fixture."""
+    cls = type(ref)
+    if cls.__name__ != "FixtureDef" or not cls.__module__.startswith("_pytest"):
+        return None
+    return f"'{getattr(ref, 'argname', '?')}' ({getattr(ref, 'scope', '?')} scope)"
+
+
+# ---------------------------------------------------------------------------
+# Autograd graphs: the tensors a graph saved have no Python object of their own.
+
+
+def _saved_by_graphs(
+    objects: Sequence[object],
+    targets: dict[tuple[str, int], _Target],
+    facts: Facts,
+    notes: list[str],
+) -> None:
+    owners = []
+    for obj in objects:
+        grad_fn = getattr(obj, "grad_fn", None) if _looks_like_tensor(obj) else None
+        if grad_fn is not None:
+            owners.append((obj, grad_fn))
+    if not owners:
+        return
+    budget = MAX_GRAPH_NODES
+    for owner, grad_fn in owners:
+        stack: list[tuple[object, str]] = [(grad_fn, f".grad_fn ({type(grad_fn).__name__})")]
+        visited: set[int] = set()
+        while stack and budget > 0:
+            node, where = stack.pop()
+            if id(node) in visited:
+                continue
+            visited.add(id(node))
+            budget -= 1
+            for name in _saved_names(node):
+                try:
+                    saved = getattr(node, name)
+                    fact = facts(saved)
+                except Exception:
+                    continue
+                if fact is None:
+                    continue
+                target = targets.get(fact[0])
+                if target is None:
+                    target = targets[fact[0]] = _Target(saved, fact[1], fact[2])
+                if target.path and not target.kind.startswith("C++"):
+                    continue
+                _graph_root(owner, target, f"{where}.{name}", objects)
+            for index, pair in enumerate(getattr(node, "next_functions", ()) or ()):
+                following = pair[0] if pair else None
+                if following is not None:
+                    label = f"{where}.next_functions[{index}][0] ({type(following).__name__})"
+                    stack.append((following, label))
+    if budget <= 0:
+        notes.append(f"autograd graphs were read up to {MAX_GRAPH_NODES} nodes")
+
+
+def _graph_root(owner: object, target: _Target, where: str, objects: Sequence[object]) -> None:
+    """The saved tensor is held by ``owner``'s graph: find who holds the owner."""
+    probe = _Target(owner, 0, target.device)
+    _walk_up([probe], [])
+    held_by = probe.path or "a tensor that the walk could not place"
+    target.path = f"{held_by}{where}"
+    target.kind = "autograd graph (a saved tensor)"
+    target.note = probe.note
+
+
+def _looks_like_tensor(obj: object) -> bool:
+    cls = type(obj)
+    return cls.__name__ in ("Tensor", "Parameter") or any(
+        k.__name__ == "Tensor" and k.__module__ == "torch" for k in getattr(cls, "__mro__", ())
+    )
+
+
+def _saved_names(node: object) -> list[str]:
+    try:
+        return [name for name in dir(node) if name.startswith("_saved_")]
+    except Exception:
+        return []

@@ -1,0 +1,227 @@
+"""Who holds a leak: the walk from leaked objects up to a root, with small real objects.
+
+``Blob`` stands in for a leaked tensor (the walk is told which objects are leaked by a
+function, as the checker tells it which CUDA tensors lie in the leaked blocks); the
+autograd case uses real CPU tensors, whose saved tensors have no Python object.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+from pytest_cuda.leak_holders import HolderScan, find_holders
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+class Blob:
+    """A stand-in for a leaked tensor: a size, and a marker the walk is told about."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def blob_facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+    if isinstance(obj, Blob):
+        return ("cuda:0", id(obj)), obj.nbytes, "cuda:0"
+    return None
+
+
+def scan() -> HolderScan:
+    objects = gc.get_objects()
+    try:
+        return find_holders(objects, blob_facts)
+    finally:
+        del objects
+
+
+def only(result: HolderScan) -> tuple[str, str, str]:
+    assert len(result.holders) == 1, result
+    holder = result.holders[0]
+    return holder.path, holder.kind, holder.note
+
+
+@pytest.fixture(autouse=True)
+def _visible_heap() -> Iterator[None]:
+    """The suite's conftest freezes the heap (``gc.freeze()``), which hides objects
+    from ``gc.get_referrers``: thaw it for the walk, and start from no garbage."""
+    gc.unfreeze()
+    gc.collect()
+    yield
+    TestLike.batch.cache_clear()
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture
+def module() -> Iterator[types.ModuleType]:
+    """A real module in sys.modules, as a user's ``mymod`` would be."""
+    made = types.ModuleType("mymod")
+    made.__file__ = "/home/me/project/mymod.py"
+    sys.modules["mymod"] = made
+    yield made
+    del sys.modules["mymod"]
+
+
+def test_a_module_global_dict(module: types.ModuleType) -> None:
+    module._cache = {"x": Blob(4096)}  # type: ignore[attr-defined]
+    path, kind, _ = only(scan())
+    assert (path, kind) == ("mymod._cache['x']", "module global")
+    assert scan().holders[0].nbytes == 4096
+
+
+def test_a_class_attribute(module: types.ModuleType) -> None:
+    class Model:
+        store: list[Blob] = []
+
+    Model.__module__ = "mymod"
+    Model.__qualname__ = "Model"
+    module.Model = Model  # type: ignore[attr-defined]
+    Model.store.append(Blob(512))
+    path, kind, _ = only(scan())
+    assert (path, kind) == ("mymod.Model.store[0]", "class attribute")
+
+
+class TestLike:
+    """A test class, as pytest collects them."""
+
+    def __init__(self) -> None:
+        self.weights = Blob(8 << 20)
+
+    @functools.lru_cache  # noqa: B019 -- the leak this test plants
+    def batch(self, n: int) -> Blob:
+        return Blob(n)
+
+
+def test_an_lru_cache_keyed_by_a_test_instance() -> None:
+    instance = TestLike()
+    instance.batch(1024)
+    del instance
+    found = scan()
+    paths = {h.path: h for h in found.holders}
+    cache = f"{__name__}.TestLike.batch.cache[…]"
+    # The cached result, and the instance's own tensor that the cache's key keeps.
+    key = f"{__name__}.TestLike.batch.cache key[0].weights"
+    assert set(paths) == {cache, key}, paths
+    for holder in paths.values():
+        assert holder.kind == "functools.lru_cache"
+        assert "its keys hold TestLike instances" in holder.note
+
+
+def test_an_instance_attribute_through_a_global(module: types.ModuleType) -> None:
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.batch = Blob(100)  # type: ignore[attr-defined]
+    module.STATE = holder  # type: ignore[attr-defined]
+    del holder
+    path, kind, _ = only(scan())
+    assert (path, kind) == ("mymod.STATE.batch", "module global")
+
+
+def make_counter() -> Any:
+    buffer = Blob(2048)
+
+    def count() -> int:
+        return buffer.nbytes
+
+    return count
+
+
+def test_a_closure_cell(module: types.ModuleType) -> None:
+    module.counter = make_counter()  # type: ignore[attr-defined]
+    path, kind, _ = only(scan())
+    assert path == f"{__name__}.make_counter.<locals>.count closure variable 'buffer'"
+    assert kind == "closure cell"
+
+
+def test_what_nothing_reaches_is_said_so() -> None:
+    # A reference cycle nothing else holds: the walk finds no root.
+    blob = Blob(64)
+    cycle: list[Any] = [blob]
+    cycle.append(cycle)
+    del blob, cycle
+    found = scan()
+    path, kind, _ = only(found)
+    assert path == "no Python object that the walk reached"
+    assert kind.startswith("C++ side or unreachable")
+    assert found.found == 0
+    gc.collect()
+
+
+def test_an_autograd_graph_holds_its_saved_tensors(module: types.ModuleType) -> None:
+    x = torch.ones(1000, requires_grad=True)
+    module.LOSS = (x * x).sum()  # type: ignore[attr-defined]
+    storage = x.untyped_storage().data_ptr()
+    del x
+
+    def saved(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
+            return ("cpu", storage), 4000, "cuda:0"
+        return None
+
+    objects = gc.get_objects()
+    found = find_holders(objects, saved)
+    del objects
+    path, kind, _ = only(found)
+    assert path.startswith("mymod.LOSS.grad_fn (SumBackward0).next_functions[0][0] (MulBackward0)")
+    assert path.endswith(("._saved_self", "._saved_other"))
+    assert kind == "autograd graph (a saved tensor)"
+
+
+class Untouchable:
+    """An object that raises on every attribute read."""
+
+    def __getattribute__(self, name: str) -> Any:
+        raise RuntimeError(f"no {name}")
+
+
+def test_objects_that_raise_do_not_stop_the_walk(module: types.ModuleType) -> None:
+    module.TRAP = [Untouchable(), Blob(256)]  # type: ignore[attr-defined]
+
+    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        if type(obj) is Untouchable:
+            raise RuntimeError("cannot look")
+        return blob_facts(obj)
+
+    objects = gc.get_objects()
+    found = find_holders(objects, facts)
+    del objects
+    path, kind, _ = only(found)
+    assert (path, kind) == ("mymod.TRAP[1]", "module global")
+
+
+def test_a_broken_facts_function_is_noted_not_raised() -> None:
+    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        raise ValueError("bad facts")
+
+    found = find_holders([Blob(1)], facts)
+    assert found.holders == ()
+    assert found.notes == ("no Python tensor object shows the leaked blocks",)
+
+
+def test_a_library_global_is_a_library_cache() -> None:
+    functools._gpumagic_test_cache = {"k": Blob(32)}  # type: ignore[attr-defined]
+    try:
+        path, kind, _ = only(scan())
+        assert (path, kind) == ("functools._gpumagic_test_cache['k']", "library cache")
+    finally:
+        del functools._gpumagic_test_cache  # type: ignore[attr-defined]
+
+
+def test_the_largest_holder_comes_first(module: types.ModuleType) -> None:
+    module.SMALL = Blob(10)  # type: ignore[attr-defined]
+    module.LARGE = Blob(10_000)  # type: ignore[attr-defined]
+    found = scan()
+    assert [h.path for h in found.holders] == ["mymod.LARGE", "mymod.SMALL"]
+    assert found.first() == "mymod.LARGE (module global)"
+    assert found.holders[0].describe() == "9.8 KiB (1 tensor) on cuda:0: mymod.LARGE (module global)"
