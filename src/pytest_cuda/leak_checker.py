@@ -51,7 +51,7 @@ __all__ = ["LeakChecker", "cuda_leak_check"]
 SECTION = "CUDA memory leak"
 TRACE_HINT = (
     "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
-    "allocated these blocks."
+    "allocated these blocks and who holds them."
 )
 
 
@@ -269,8 +269,8 @@ class LeakChecker:
                 stack_note="Stacks not recorded: allocation-stack recording was off "
                 "(switched off by the test?).",
             )
-        stacks = attribute(check.start_us, result.leaked, _test_function(check.item))
-        return replace(result, stacks=stacks)
+        stacks, holders = attribute(check.start_us, result.leaked, _test_function(check.item))
+        return replace(result, stacks=stacks, holders=holders)
 
     def _verdict(self, check: _Check) -> None:
         if check.failure is not None:
@@ -308,6 +308,7 @@ class LeakChecker:
             details=result.details(subject, self.root) if result.leaked else "",
             top=result.top_frame(self.root),
             failed_by_leak=check.raised,
+            holder=result.holders.first() if result.holders is not None else None,
         )
         setattr(report, REPORT_LEAK, leak.to_dict())
         if result.leaked:

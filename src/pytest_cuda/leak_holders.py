@@ -73,8 +73,9 @@ class HolderScan:
     found: int = 0  # bytes of the leaked storages that Python objects reach
 
     def first(self) -> str | None:
-        """``"mymod.CACHE['x'] (module global)"`` for the largest holder."""
-        if not self.holders:
+        """``"mymod.CACHE['x'] (module global)"`` for the largest holder that Python
+        objects reach, ``None`` when none does."""
+        if not self.holders or self.holders[0].kind.startswith("C++"):
             return None
         top = self.holders[0]
         return f"{top.path} ({top.kind})"
@@ -179,7 +180,7 @@ def _scan(targets: list[_Target], notes: list[str]) -> HolderScan:
 def _walk_up(targets: list[_Target], notes: list[str], ignore: Iterable[int] = ()) -> None:
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
     layer = [_Node(t.obj, [], t) for t in targets]
-    seen = {id(t.obj) for t in targets}
+    seen = {(id(t.obj), id(t)) for t in targets}  # (object, target): each target's own walk
     own = {id(layer), id(targets), id(seen), *ignore}
     for _depth in range(MAX_DEPTH):
         layer = [n for n in layer if not n.target.path]
@@ -202,9 +203,9 @@ def _walk_up(targets: list[_Target], notes: list[str], ignore: Iterable[int] = (
                         continue
                     step = _follow(ref, child, node, modules)
                     # A root ends a path however often it is met; an object in between
-                    # is walked from once.
-                    if step is not None and id(ref) not in seen:
-                        seen.add(id(ref))
+                    # is walked from once per target.
+                    if step is not None and (id(ref), id(node.target)) not in seen:
+                        seen.add((id(ref), id(node.target)))
                         following.append(step)
         del referrers, nodes
         if len(following) > MAX_FRONTIER:
@@ -441,11 +442,7 @@ def _saved_by_graphs(
     facts: Facts,
     notes: list[str],
 ) -> None:
-    owners = []
-    for obj in objects:
-        grad_fn = getattr(obj, "grad_fn", None) if _looks_like_tensor(obj) else None
-        if grad_fn is not None:
-            owners.append((obj, grad_fn))
+    owners = _graph_owners(objects)
     if not owners:
         return
     budget = MAX_GRAPH_NODES
@@ -491,11 +488,23 @@ def _graph_root(owner: object, target: _Target, where: str, objects: Sequence[ob
     target.note = probe.note
 
 
-def _looks_like_tensor(obj: object) -> bool:
-    cls = type(obj)
-    return cls.__name__ in ("Tensor", "Parameter") or any(
-        k.__name__ == "Tensor" and k.__module__ == "torch" for k in getattr(cls, "__mro__", ())
-    )
+def _graph_owners(objects: Sequence[object]) -> list[tuple[object, object]]:
+    """The tensors among ``objects`` that own an autograd graph, with its ``grad_fn``."""
+    base = getattr(sys.modules.get("torch"), "Tensor", None)
+    if not isinstance(base, type):
+        return []  # no torch here: no graphs
+    tensor_types: dict[type, bool] = {}
+    owners = []
+    for obj in objects:
+        cls = type(obj)
+        is_tensor = tensor_types.get(cls)
+        if is_tensor is None:
+            is_tensor = tensor_types[cls] = issubclass(cls, base)
+        if is_tensor:
+            grad_fn = getattr(obj, "grad_fn", None)
+            if grad_fn is not None:
+                owners.append((obj, grad_fn))
+    return owners
 
 
 def _saved_names(node: object) -> list[str]:

@@ -145,7 +145,8 @@ def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> 
         amounts = ", ".join(f"{format_bytes(b)} on cuda:{d}" for d, b in leak.leaked)
         label = "LEAKED" if leak.mode == "fail" else "WARNED"
         where = f", allocated at {leak.top}" if leak.top else ""
-        tr.write_line(f"{label} {report.nodeid} - {amounts}{where}")
+        held = f", held by {leak.holder}" if leak.holder else ""
+        tr.write_line(f"{label} {report.nodeid} - {amounts}{where}{held}")
 
 
 def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:

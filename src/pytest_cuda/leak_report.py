@@ -36,6 +36,7 @@ class LeakReport:
     details: str = ""
     top: str | None = None  # the user's line that allocated the most of the leak
     failed_by_leak: bool = False
+    holder: str | None = None  # who holds the most of it: "mymod.CACHE['x'] (module global)"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +46,7 @@ class LeakReport:
             "details": self.details,
             "top": self.top,
             "failed_by_leak": self.failed_by_leak,
+            "holder": self.holder,
         }
 
     @classmethod
@@ -59,6 +61,7 @@ class LeakReport:
             details=str(data.get("details", "")),
             top=data.get("top"),
             failed_by_leak=bool(data.get("failed_by_leak", False)),
+            holder=data.get("holder"),
         )
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpumagic import cuda
 from gpumagic.stacks import (
+    Block,
     FrameFilter,
     StackGroup,
     blocks_allocated_since,
@@ -41,6 +42,7 @@ from gpumagic.stacks import (
     short_path,
 )
 from gpumagic.units import format_bytes, parse_size
+from pytest_cuda.leak_holders import HolderScan, find_holders
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -183,6 +185,7 @@ class LeakResult:
     released: tuple[Release, ...] = ()
     stacks: tuple[StackGroup, ...] | None = None
     stack_note: str = ""
+    holders: HolderScan | None = None
 
     @property
     def clean(self) -> bool:
@@ -210,7 +213,9 @@ class LeakResult:
             f"(tolerance {format_bytes(self.tolerance)})"
         )
         top = self.top_frame(root)
-        return f"{text}, allocated at {top}" if top else text
+        text = f"{text}, allocated at {top}" if top else text
+        holder = self.holders.first() if self.holders is not None else None
+        return f"{text}, held by {holder}" if holder else text
 
     def details(self, subject: str, root: str | None = None) -> str:
         """The report section: amounts, how they were measured, the allocating stacks."""
@@ -245,7 +250,18 @@ class LeakResult:
             lines.append(f"  ... and {len(rest)} more stacks holding {format_bytes(size)}")
         if self.stack_note:
             lines.append(self.stack_note)
+        lines += self._holder_lines()
         return "\n".join(lines)
+
+    def _holder_lines(self) -> list[str]:
+        if self.holders is None:
+            return []
+        lines = ["Who holds them (the reference path from a root, largest first):"]
+        lines += [f"  {holder.describe()}" for holder in self.holders.holders[:MAX_STACKS]]
+        if not self.holders.holders:
+            lines.append("  no live tensor shows these blocks")
+        lines += [f"  ({note})" for note in self.holders.notes]
+        return lines
 
 
 def settle(
@@ -387,14 +403,40 @@ class StackRecording:
 
 def attribute(
     start_us: int, devices: Iterable[int], outermost: tuple[str, str] | None = None
-) -> tuple[StackGroup, ...]:
-    """The stacks of the blocks alive now on ``devices`` that were allocated since
-    ``start_us`` (see :func:`blocks_allocated_since`), grouped (:func:`group_by_stack`)."""
+) -> tuple[tuple[StackGroup, ...], HolderScan]:
+    """The blocks alive now on ``devices`` that were allocated since ``start_us`` (see
+    :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
+    who holds them (:func:`holders_of`)."""
     wanted = set(devices)
     found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
-    return group_by_stack(
-        [b for b in found if b.device in wanted], FrameFilter.default().is_user, outermost=outermost
-    )
+    blocks = [b for b in found if b.device in wanted]
+    stacks = group_by_stack(blocks, FrameFilter.default().is_user, outermost=outermost)
+    return stacks, holders_of(blocks)
+
+
+def holders_of(blocks: Sequence[Block]) -> HolderScan:
+    """Who holds the live tensors whose storage lies in ``blocks`` (a walk of the whole
+    heap: for tests already judged leaking only)."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for block in blocks:
+        spans.setdefault(f"cuda:{block.device}", []).append(
+            (block.address, block.address + block.size)
+        )
+
+    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        found = cuda.tensor_facts(obj)
+        if found is None or found.device not in spans:
+            return None
+        address = found.storage[1]
+        if not any(start <= address < end for start, end in spans[found.device]):
+            return None
+        return found.storage, found.nbytes, found.device
+
+    objects = gc.get_objects()
+    try:
+        return find_holders(objects, facts)
+    finally:
+        del objects
 
 
 # ---------------------------------------------------------------------------
@@ -493,8 +535,8 @@ class NoCudaLeak:
                 stack_note="Stacks not recorded: CUDA was first used inside the block "
                 "before torch was imported; import torch before the block.",
             )
-        stacks = attribute(self._start_us, result.leaked, self._caller)
-        return replace(result, stacks=stacks)
+        stacks, holders = attribute(self._start_us, result.leaked, self._caller)
+        return replace(result, stacks=stacks, holders=holders)
 
 
 def no_cuda_leak(

@@ -45,6 +45,7 @@ SEAM = (
     "async_error",
     "devices_with_context",
     "synchronize",
+    "tensor_facts",
 )
 
 
@@ -259,6 +260,15 @@ class FakeAllocator:
 
     def devices_with_context(self) -> tuple[int, ...]:
         return tuple(range(self.devices)) if self.initialized else ()
+
+    def tensor_facts(self, obj: object) -> cuda.TensorFacts | None:
+        """A :class:`FakeTensor`'s facts, as the seam gives a CUDA tensor's. Tensors of
+        an earlier planted run's allocator (pytester keeps its reports) are not this
+        one's: on a GPU they would be another process's."""
+        if type(obj) is not FakeTensor or obj.owner is not self:
+            return None
+        device = f"cuda:{obj.device}"
+        return cuda.TensorFacts((device, obj.address), obj.size, device, (obj.size,), "uint8")
 
     def synchronize(self, devices: object = None) -> None:
         """Nothing is ever queued on the made-up GPU."""

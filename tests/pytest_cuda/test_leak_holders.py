@@ -11,7 +11,7 @@ import functools
 import gc
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
@@ -80,7 +80,7 @@ def test_a_module_global_dict(module: types.ModuleType) -> None:
 
 def test_a_class_attribute(module: types.ModuleType) -> None:
     class Model:
-        store: list[Blob] = []
+        store: ClassVar[list[Blob]] = []
 
     Model.__module__ = "mymod"
     Model.__qualname__ = "Model"
@@ -224,4 +224,5 @@ def test_the_largest_holder_comes_first(module: types.ModuleType) -> None:
     found = scan()
     assert [h.path for h in found.holders] == ["mymod.LARGE", "mymod.SMALL"]
     assert found.first() == "mymod.LARGE (module global)"
-    assert found.holders[0].describe() == "9.8 KiB (1 tensor) on cuda:0: mymod.LARGE (module global)"
+    described = found.holders[0].describe()
+    assert described == "9.8 KiB (1 tensor) on cuda:0: mymod.LARGE (module global)"

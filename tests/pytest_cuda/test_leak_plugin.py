@@ -153,7 +153,7 @@ def test_a_leak_has_its_own_outcome_section_and_summary(
             " 1), cuBLAS/cuBLASLt workspaces, garbage collection, blocks freed on other "
             "streams (synchronize, empty_cache).",
             "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
-            "allocated these blocks.",
+            "allocated these blocks and who holds them.",
             "*_ test_planted.py::test_leak_large _*",
             "test_leak_large left 8.0 MiB (8,388,608 B) allocated on cuda:0; tolerance 0 B.",
             "*- leaking tests -*",
@@ -206,9 +206,14 @@ def test_trace_names_the_allocating_lines(
             "  4.0 KiB in 1 block on cuda:0",
             "    test_planted.py:4 in make",
             "    test_planted.py:8 in test_leak_via_helper",
+            "Who holds them (the reference path from a root, largest first):",
+            "  1.0 GiB (1 tensor) on cuda:0: test_planted.KEEP[2] (module global)",
+            "  4.0 KiB (1 tensor) on cuda:0: test_planted.KEEP[0] (module global)",
+            "  4.0 KiB (1 tensor) on cuda:0: test_planted.KEEP[1] (module global)",
             "*- leaking tests -*",
             "LEAKED test_planted.py::test_leak_via_helper - 1.0 GiB on cuda:0, allocated at "
-            "test_planted.py:9 in test_leak_via_helper",
+            "test_planted.py:9 in test_leak_via_helper, held by test_planted.KEEP[2] "
+            "(module global)",
         ]
     )
     fake = installed()
@@ -615,7 +620,7 @@ def test_no_cuda_leak_as_import_and_as_fixture(
             ">       with imported():",
             "E       pytest_cuda.leaks.CudaLeakError: CUDA memory leak: the block at "
             "test_planted.py:6 left 4.0 KiB on cuda:0 allocated (tolerance 0 B), allocated "
-            "at test_planted.py:7 in test_imported",
+            "at test_planted.py:7 in test_imported, held by test_planted.KEEP[0] (module global)",
         ]
     )
 
@@ -671,9 +676,9 @@ def test_under_xdist_the_controller_reports_what_workers_found(
     result.stdout.fnmatch_lines_random(
         [
             "LEAKED test_planted.py::test_leak_small - 512 B on cuda:0, allocated at "
-            "test_planted.py:8 in test_leak_small",
+            "test_planted.py:8 in test_leak_small, held by test_planted.KEEP[0] (module global)",
             "LEAKED test_planted.py::test_leak_large - 8.0 MiB on cuda:0, allocated at "
-            "test_planted.py:11 in test_leak_large",
+            "test_planted.py:11 in test_leak_large, held by test_planted.KEEP*(module global)",
             "*8.0 MiB  cuda:0  test_planted.py::test_leak_large (+8.0 MiB over its start)",
         ]
     )
