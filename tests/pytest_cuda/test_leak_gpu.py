@@ -164,7 +164,7 @@ def _check_planted(result: pytest.RunResult) -> None:
     for name, (amount, tag) in LEAKS.items():
         expected.append(
             f"LEAKED test_planted.py::{name} - {amount} on cuda:0, allocated at "
-            f"test_planted.py:{_line(tag)} in {name}"
+            f"test_planted.py:{_line(tag)} in {name}, held by test_planted.KEEP*(module global)"
         )
     expected.append("FAILED test_planted.py::test_fails_and_leaks - *assert 0.0 == 1")
     result.stdout.fnmatch_lines_random(expected)
@@ -242,7 +242,7 @@ def test_without_trace_the_leaks_are_still_caught_by_the_marker(pytester: pytest
             "LEAKED test_marked.py::test_marked_leak - 512 B on cuda:0",
             "WARNED test_marked.py::test_warned_leak - 4.0 KiB on cuda:0",
             "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
-            "allocated these blocks.",
+            "allocated these blocks and who holds them.",
         ]
     )
 
