@@ -20,6 +20,7 @@ When a checked test is measured (this process's caching allocator, per device):
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -30,6 +31,7 @@ import pytest
 
 from gpumagic import cuda
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
+from pytest_cuda.leak_rerun import ENV_OUT, MAX_RERUNS, rerun_alone, write_reports
 from pytest_cuda.leaks import (
     CudaLeakWarning,
     CudaMemory,
@@ -53,6 +55,7 @@ TRACE_HINT = (
     "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
     "allocated these blocks and who holds them."
 )
+RERUN_HINT = "Stacks not recorded in this run (--cuda-leak-trace records them)."
 
 
 @dataclass
@@ -96,6 +99,11 @@ class LeakChecker:
         self.source = CudaMemory(reset_caches=config.getoption("cuda_leak_reset_caches"))
         self.root = str(config.rootpath)
         self._current: _Check | None = None
+        # A leak found without stacks is re-run alone with them (not in a re-run child).
+        rerun_child = bool(os.environ.get(ENV_OUT))
+        self.reruns_left = 0 if self.recording is not None or rerun_child else MAX_RERUNS
+        self.reruns_left = min(self.reruns_left, config.getoption("cuda_leak_reruns"))
+        self.reports: dict[str, dict[str, Any]] | None = {} if rerun_child else None
 
     def start(self) -> None:
         """Stack recording on now, or queued for the moment CUDA is initialised (torch is
@@ -111,6 +119,8 @@ class LeakChecker:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.recording is not None:
             self.recording.close()
+        if self.reports is not None:
+            write_reports(self.reports)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         status = cuda.status()
@@ -258,11 +268,14 @@ class LeakChecker:
         result = settle(baseline, self.source, check.tolerance, held=check.held)
         if not result.clean:
             result = self._stacks(check, result)
+            if self.reruns_left > 0:
+                self.reruns_left -= 1
+                result = replace(result, rerun=rerun_alone(self.config, check.item.nodeid))
         check.result = result
 
     def _stacks(self, check: _Check, result: LeakResult) -> LeakResult:
         if self.recording is None:
-            return replace(result, stack_note=TRACE_HINT)
+            return replace(result, stack_note=RERUN_HINT if self.reruns_left else TRACE_HINT)
         if not cuda.memory_history_enabled():
             return replace(
                 result,
@@ -296,6 +309,8 @@ class LeakChecker:
             setattr(report, REPORT_PEAK, check.peak)
         result = check.result
         if result is None:
+            if self.reports is not None and check.ran:  # a re-run child: it ran, clean
+                self.reports[check.item.nodeid] = LeakReport(check.mode, (), ()).to_dict()
             return
         subject = _subject(check.item)
         leak = LeakReport(
@@ -306,11 +321,13 @@ class LeakChecker:
                 for step, freed in result.kept_by_libraries()
             ),
             details=result.details(subject, self.root) if result.leaked else "",
-            top=result.top_frame(self.root),
+            top=result.top_frame(self.root) or (result.rerun.top if result.rerun else None),
             failed_by_leak=check.raised,
-            holder=result.holders.first() if result.holders is not None else None,
+            holder=result.holder() or (result.rerun.holder if result.rerun else None),
         )
         setattr(report, REPORT_LEAK, leak.to_dict())
+        if self.reports is not None:
+            self.reports[check.item.nodeid] = leak.to_dict()
         if result.leaked:
             report.sections.append((SECTION, result.details(subject, self.root)))
 

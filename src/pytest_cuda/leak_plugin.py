@@ -45,6 +45,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "--cuda-memory-report takes a number of tests >= 0, got "
             f"{config.getoption('cuda_memory_report')}"
         )
+    if config.getoption("cuda_leak_reruns") < 0:
+        raise pytest.UsageError(
+            "--cuda-leak-reruns takes a number of tests >= 0, got "
+            f"{config.getoption('cuda_leak_reruns')}"
+        )
     if (
         config.getoption("cuda_leak_check")
         or config.getoption("cuda_leak_trace")

@@ -57,10 +57,12 @@ __all__ = [
     "Mode",
     "NoCudaLeak",
     "Release",
+    "Rerun",
     "SettleStep",
     "StackRecording",
     "attribute",
     "growth",
+    "holders_of",
     "no_cuda_leak",
     "parse_leak_settings",
     "settle",
@@ -169,6 +171,23 @@ def _over(current: Mapping[int, int], tolerance: int) -> dict[int, int]:
 
 
 @dataclass(frozen=True)
+class Rerun:
+    """What a leaking test showed when re-run alone in a fresh process with allocation
+    stacks recorded: its allocating line and holder, the report, or why there is none."""
+
+    top: str | None = None
+    holder: str | None = None
+    details: str = ""
+    note: str = ""
+
+    def lines(self) -> list[str]:
+        if self.note:
+            return [f"Re-run alone in a fresh process with stacks recorded: {self.note}"]
+        lines = ["Re-run alone in a fresh process with stacks recorded (--cuda-leak-trace):"]
+        return lines + [f"  {line}" for line in self.details.splitlines()]
+
+
+@dataclass(frozen=True)
 class LeakResult:
     """The verdict of one check.
 
@@ -186,6 +205,7 @@ class LeakResult:
     stacks: tuple[StackGroup, ...] | None = None
     stack_note: str = ""
     holders: HolderScan | None = None
+    rerun: Rerun | None = None
 
     @property
     def clean(self) -> bool:
@@ -212,10 +232,17 @@ class LeakResult:
             f"CUDA memory leak: {subject} left {self.amounts()} allocated "
             f"(tolerance {format_bytes(self.tolerance)})"
         )
-        top = self.top_frame(root)
+        top, holder = self.top_frame(root), self.holder()
+        if top is None and holder is None and self.rerun is not None:
+            top, holder = self.rerun.top, self.rerun.holder
+            if top or holder:
+                text += " (re-run alone)"
         text = f"{text}, allocated at {top}" if top else text
-        holder = self.holders.first() if self.holders is not None else None
         return f"{text}, held by {holder}" if holder else text
+
+    def holder(self) -> str | None:
+        """The largest holder that Python objects reach, when the walk ran."""
+        return self.holders.first() if self.holders is not None else None
 
     def details(self, subject: str, root: str | None = None) -> str:
         """The report section: amounts, how they were measured, the allocating stacks."""
@@ -230,6 +257,8 @@ class LeakResult:
         if self.stacks is None:
             if self.stack_note:
                 lines.append(self.stack_note)
+            if self.rerun is not None:
+                lines += self.rerun.lines()
             return "\n".join(lines)
         if not self.stacks:
             lines.append(
@@ -251,6 +280,8 @@ class LeakResult:
         if self.stack_note:
             lines.append(self.stack_note)
         lines += self._holder_lines()
+        if self.rerun is not None:
+            lines += self.rerun.lines()
         return "\n".join(lines)
 
     def _holder_lines(self) -> list[str]:

@@ -153,6 +153,16 @@ def add_options(parser: Parser) -> None:
         "graphs' memory is then reported with its holder.",
     )
     group.addoption(
+        "--cuda-leak-reruns",
+        dest="cuda_leak_reruns",
+        metavar="N",
+        type=int,
+        default=5,
+        help="without --cuda-leak-trace, re-run each of the first N leaking tests alone "
+        "in a fresh process with allocation stacks recorded, so its report names the "
+        "line that allocated the leak and who holds it (default 5; 0: never).",
+    )
+    group.addoption(
         "--cuda-memory-report",
         dest="cuda_memory_report",
         type=int,

@@ -239,10 +239,13 @@ def test_without_trace_the_leaks_are_still_caught_by_the_marker(pytester: pytest
     assert (outcomes["passed"], outcomes["leaked"]) == (3, 1), outcomes
     result.stdout.fnmatch_lines_random(
         [
-            "LEAKED test_marked.py::test_marked_leak - 512 B on cuda:0",
-            "WARNED test_marked.py::test_warned_leak - 4.0 KiB on cuda:0",
-            "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
-            "allocated these blocks and who holds them.",
+            # Each leak is re-run alone with stacks recorded: its line and holder.
+            "LEAKED test_marked.py::test_marked_leak - 512 B on cuda:0, allocated at "
+            "test_marked.py:* in test_marked_leak, held by test_marked.KEEP?0? (module global)",
+            "WARNED test_marked.py::test_warned_leak - 4.0 KiB on cuda:0, allocated at "
+            "test_marked.py:* in test_warned_leak, held by test_marked.KEEP?0? (module global)",
+            "Stacks not recorded in this run (--cuda-leak-trace records them).",
+            "Re-run alone in a fresh process with stacks recorded (--cuda-leak-trace):",
         ]
     )
 

@@ -28,6 +28,13 @@ import leak_fakes
 FAKE = leak_fakes.install(int(os.environ.get("LEAK_FAKE_DEVICES", "1")))
 
 
+def pytest_configure(config):
+    # A leak's re-run is a subprocess: these suites ask for it where they test it.
+    args = [str(a) for a in config.invocation_params.args]
+    if not any(a.startswith("--cuda-leak-reruns") for a in args):
+        config.option.cuda_leak_reruns = 0
+
+
 @pytest.fixture(scope="session")
 def fake_cuda():
     return FAKE
@@ -706,3 +713,72 @@ def test_options_and_markers_stay_known_when_a_mode_is_switched_off(
     result.assert_outcomes(passed=1)
     markers = pytester.runpytest_subprocess("--markers", *off)
     markers.stdout.fnmatch_lines(["@pytest.mark.cuda_leak_check(*", "@pytest.mark.cuda_no_sync*"])
+
+
+# ---------------------------------------------------------------------------
+# Without --cuda-leak-trace: the leaking test is re-run alone, with stacks.
+
+RERUN = """
+KEEP = []
+SEEN = []
+
+def test_leaks(fake_cuda):
+    KEEP.append(fake_cuda.tensor(4096))
+
+def test_leaks_only_after_another(fake_cuda):
+    SEEN.append(1)
+    if len(SEEN) > 1 or KEEP:
+        KEEP.append(fake_cuda.tensor(512))
+"""
+
+
+def test_a_leak_without_stacks_is_re_run_alone_to_name_its_line_and_holder(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(RERUN)
+    result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=2")
+    assert result.parseoutcomes() == {"passed": 2, "leaked": 2}
+    result.stdout.fnmatch_lines(
+        [
+            "test_leaks left 4.0 KiB (4,096 B) allocated on cuda:0; tolerance 0 B.",
+            "*",
+            "Stacks not recorded in this run (--cuda-leak-trace records them).",
+            "Re-run alone in a fresh process with stacks recorded (--cuda-leak-trace):",
+            "  test_leaks left 4.0 KiB (4,096 B) allocated on cuda:0; tolerance 0 B.",
+            "*",
+            "  Blocks still alive, by allocating stack (largest first):",
+            "    4.0 KiB in 1 block on cuda:0",
+            "      test_planted.py:5 in test_leaks",
+            "  Who holds them (the reference path from a root, largest first):",
+            "    4.0 KiB (1 tensor) on cuda:0: test_planted.KEEP[0] (module global)",
+        ]
+    )
+    # A leak that needs the tests before it does not show alone: said so.
+    result.stdout.fnmatch_lines(
+        [
+            "Re-run alone in a fresh process with stacks recorded: no leak there: the leak "
+            "depends on the tests that ran before it (run the suite with --cuda-leak-trace "
+            "to name its lines)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_planted.py::test_leaks - 4.0 KiB on cuda:0, allocated at "
+            "test_planted.py:5 in test_leaks, held by test_planted.KEEP[0] (module global)",
+            "LEAKED test_planted.py::test_leaks_only_after_another - 512 B on cuda:0",
+        ]
+    )
+
+
+def test_re_runs_stop_at_their_number(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(RERUN)
+    result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=0")
+    result.stdout.no_fnmatch_line("*Re-run alone*")
+    result.stdout.fnmatch_lines(
+        ["Stacks not recorded: run again with --cuda-leak-trace to name the lines that *"]
+    )
+    result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--cuda-leak-reruns takes a number of tests >= 0, got -1*"])
