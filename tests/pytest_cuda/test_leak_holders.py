@@ -206,7 +206,8 @@ def test_a_broken_facts_function_is_noted_not_raised() -> None:
 
     found = find_holders([Blob(1)], facts)
     assert found.holders == ()
-    assert found.notes == ("no Python tensor object shows the leaked blocks",)
+    # (A note on objects frozen by gc.freeze() may come first: torch freezes some.)
+    assert found.notes[-1] == "no Python tensor object shows the leaked blocks"
 
 
 def test_a_library_global_is_a_library_cache() -> None:
