@@ -1,7 +1,12 @@
 """pytest_cuda's leak check on a real third-party GPU test suite (``bench_leaks.py --suite``).
 
-Runs the suite's tests (a folder, with ``--files`` and ``-k`` to select) once per
-configuration, each in a fresh ``pytest`` process, in this order:
+Runs the suite's tests (a folder, with ``--files`` and ``-k`` to select) in a fresh
+``pytest`` process per run: one untimed warm-up (imports, on-disk kernel caches), then
+``rounds`` rounds of the first three configurations, interleaved so drift hits each
+alike (the median wall time counts), and the xdist one once. Every run seeds the random
+generators at each test's setup (``seed_each_test.py``), so an outcome that differs
+from the anchor's is the configuration's doing, not the luck of unseeded tests. The
+configurations:
 
 * ``plugin off``: ``-p no:cuda`` (the anchor);
 * ``plugin loaded``: no option;
@@ -56,6 +61,9 @@ def outcomes(junit: Path) -> dict[str, str]:
 def run_config(
     suite: Path, targets: list[str], options: tuple[str, ...], keyword: str | None
 ) -> dict[str, Any]:
+    env = os.environ.copy()
+    here = str(Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         command = [
@@ -69,13 +77,15 @@ def run_config(
             f"--junitxml={junit}",
             "--durations=0",
             "--durations-min=0",
+            "-p",
+            "seed_each_test",
             *options,
         ]
         if keyword:
             command += ["-k", keyword]
         started = time.perf_counter()
         done = subprocess.run(
-            command, check=False, cwd=suite, capture_output=True, text=True, env=os.environ.copy()
+            command, check=False, cwd=suite, capture_output=True, text=True, env=env
         )
         wall = time.perf_counter() - started
         results = outcomes(junit) if junit.exists() else {}
@@ -95,36 +105,62 @@ def run_config(
     }
 
 
-def main(suite: Path, files: list[str], keyword: str | None, out: Path | None) -> None:
+def main(
+    suite: Path, files: list[str], keyword: str | None, out: Path | None, rounds: int = 2
+) -> None:
     targets = files or ["."]
+    warm = run_config(suite, targets, CONFIGS[0][1], keyword)
+    print(f"warm-up ({CONFIGS[0][0]}): {warm['wall_s']:.1f} s wall, untimed", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in CONFIGS}
+    for round_ in range(rounds):
+        for label, options in CONFIGS if round_ == 0 else CONFIGS[:3]:
+            result = run_config(suite, targets, options, keyword)
+            runs[label].append(result)
+            print(
+                f"round {round_ + 1} {label}: {result['wall_s']:.1f} s wall, "
+                f"{len(result['outcomes'])} tests (exit {result['exit']})",
+                flush=True,
+            )
+    anchor: dict[str, str] = runs[CONFIGS[0][0]][0]["outcomes"]
     rows = []
-    anchor: dict[str, str] = {}
-    for label, options in CONFIGS:
-        result = run_config(suite, targets, options, keyword)
-        if not anchor:
-            anchor = result["outcomes"]
+    for label, _ in CONFIGS:
+        found = runs[label]
+        result = dict(found[0])
+        walls = sorted(r["wall_s"] for r in found)
+        result["wall_s"] = walls[len(walls) // 2] if len(walls) % 2 else sum(walls[-2:]) / 2
+        result["walls"] = [r["wall_s"] for r in found]
+        result["teardown_s"] = max(r["teardown_s"] for r in found)
         changed = sorted(
-            name for name, state in result["outcomes"].items() if anchor.get(name, state) != state
+            {
+                name
+                for r in found
+                for name, state in r["outcomes"].items()
+                if anchor.get(name, state) != state
+            }
         )
         result.update(label=label, changed=changed)
         rows.append(result)
         print(
-            f"{label}: {result['wall_s']:.1f} s wall, {result['teardown_s']:.1f} s teardown, "
-            f"{len(result['outcomes'])} tests, {len(changed)} outcome changes, "
-            f"{len(result['leaked'])} LEAKED (exit {result['exit']})",
+            f"{label}: {result['wall_s']:.1f} s wall (runs: "
+            f"{', '.join(f'{w:.1f}' for w in result['walls'])}), "
+            f"{result['teardown_s']:.1f} s teardown, {len(result['outcomes'])} tests, "
+            f"{len(changed)} outcome changes, {len(result['leaked'])} LEAKED",
             flush=True,
         )
-    base = rows[0]["wall_s"]
+        if len(result["outcomes"]) < len(anchor) // 2:
+            print(f"  [{label}] the JUnit file holds few tests; the run ended with:")
+            print("    " + result["tail"][-1500:].replace("\n", "\n    "))
+    base, loaded = rows[0]["wall_s"], rows[1]["wall_s"]
     print(
-        "\n| configuration | wall (s) | vs plugin off | teardown (s) | tests | outcome changes "
-        "| LEAKED |"
+        "\n| configuration | wall (s), median | vs plugin off | vs plugin loaded | teardown (s) "
+        "| tests | outcome changes | LEAKED |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['label']} | {row['wall_s']:.1f} | {row['wall_s'] / base:.2f} | "
-            f"{row['teardown_s']:.1f} | {len(row['outcomes'])} | {len(row['changed'])} | "
-            f"{len(row['leaked'])} |"
+            f"| {row['label']} | {row['wall_s']:.1f} | {row['wall_s'] / base:.3f} | "
+            f"{row['wall_s'] / loaded:.3f} | {row['teardown_s']:.1f} | {len(row['outcomes'])} "
+            f"| {len(row['changed'])} | {len(row['leaked'])} |"
         )
     for row in rows:
         for line in row["leaked"]:
