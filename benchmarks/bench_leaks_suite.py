@@ -89,15 +89,17 @@ def run_config(
         )
         wall = time.perf_counter() - started
         results = outcomes(junit) if junit.exists() else {}
-    teardown = 0.0
+    phases = {"setup": 0.0, "call": 0.0, "teardown": 0.0}
     for line in done.stdout.splitlines():
         found = _DURATION.match(line)
-        if found and found.group(2) == "teardown":
-            teardown += float(found.group(1))
+        if found:
+            phases[found.group(2)] += float(found.group(1))
+    teardown = phases["teardown"]
     leaked = [line.strip() for line in done.stdout.splitlines() if line.startswith("LEAKED ")]
     return {
         "wall_s": wall,
         "teardown_s": teardown,
+        "phases_s": phases,
         "exit": done.returncode,
         "outcomes": results,
         "leaked": leaked,
@@ -113,11 +115,14 @@ def main(
     print(f"warm-up ({CONFIGS[0][0]}): {warm['wall_s']:.1f} s wall, untimed", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in CONFIGS}
     for round_ in range(rounds):
-        for label, options in CONFIGS if round_ == 0 else CONFIGS[:3]:
+        # Odd rounds run the configurations in reverse: none always follows another.
+        order = CONFIGS if round_ == 0 else CONFIGS[:3][:: -1 if round_ % 2 else 1]
+        for label, options in order:
             result = run_config(suite, targets, options, keyword)
             runs[label].append(result)
+            phases = ", ".join(f"{k} {v:.1f} s" for k, v in result["phases_s"].items())
             print(
-                f"round {round_ + 1} {label}: {result['wall_s']:.1f} s wall, "
+                f"round {round_ + 1} {label}: {result['wall_s']:.1f} s wall ({phases}), "
                 f"{len(result['outcomes'])} tests (exit {result['exit']})",
                 flush=True,
             )
