@@ -184,11 +184,20 @@ def main() -> None:
     )
     parser.add_argument("--files", nargs="*", default=[], help="with --suite: test files")
     parser.add_argument("-k", dest="keyword", help="with --suite: pytest's -k")
+    parser.add_argument(
+        "--with-torch",
+        action="store_true",
+        help="with --suite: instead, compare PyTorch's CudaMemoryLeakCheck (on the first "
+        "$TORCH_LEAK_CHECK_TESTS CUDA tests, default 200) and --cuda-leak-check",
+    )
     args = parser.parse_args()
     if args.suite is not None:
         import bench_leaks_suite
 
-        bench_leaks_suite.main(args.suite, args.files, args.keyword, args.json)
+        if args.with_torch:
+            bench_leaks_suite.compare_with_torch(args.suite, args.files, args.keyword)
+        else:
+            bench_leaks_suite.main(args.suite, args.files, args.keyword, args.json)
         return
     status = cuda.status()
     date = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -39,6 +39,9 @@ CONFIGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--cuda-leak-check", ("--cuda-leak-check",)),
     ("--cuda-leak-check -n 4", ("--cuda-leak-check", "-n", "4")),
 )
+#: PyTorch's checker on the first tests that use CUDA (torch_leak_check.py), compared
+#: with the anchor and with --cuda-leak-check on the same run's tests.
+TORCH_CONFIG = ("PyTorch CudaMemoryLeakCheck", ("-p", "no:cuda", "-p", "torch_leak_check"))
 _DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S+)")
 
 
@@ -105,6 +108,30 @@ def run_config(
         "leaked": leaked,
         "tail": done.stdout[-2000:] + done.stderr[-2000:],
     }
+
+
+def compare_with_torch(suite: Path, files: list[str], keyword: str | None) -> None:
+    """The anchor, PyTorch's checker and ours, once each, on the same tests; the tests
+    each checker fails that the anchor passes are its reported leaks."""
+    targets = files or ["."]
+    anchor = run_config(suite, targets, CONFIGS[0][1], keyword)
+    for label, options in (TORCH_CONFIG, CONFIGS[2]):
+        result = run_config(suite, targets, options, keyword)
+        changed = sorted(
+            name
+            for name, state in result["outcomes"].items()
+            if anchor["outcomes"].get(name, state) != state
+        )
+        checked = [line for line in result["tail"].splitlines() if "tests checked" in line]
+        print(
+            f"{label}: {result['wall_s']:.1f} s wall against {anchor['wall_s']:.1f} s "
+            f"({result['wall_s'] / anchor['wall_s']:.3f}), {len(changed)} tests failed that "
+            f"pass without it, {len(result['leaked'])} LEAKED {' '.join(checked)}",
+            flush=True,
+        )
+        for name in changed[:20]:
+            before, after = anchor["outcomes"].get(name), result["outcomes"][name]
+            print(f"  [{label}] {name}: {before} -> {after}")
 
 
 def main(
