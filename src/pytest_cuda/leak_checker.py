@@ -31,12 +31,19 @@ import pytest
 
 from gpumagic import cuda
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
-from pytest_cuda.leak_rerun import ENV_OUT, MAX_RERUNS, rerun_alone, write_reports
+from pytest_cuda.leak_rerun import (
+    ENV_OUT,
+    LIBRARY_STEP,
+    MAX_RERUNS,
+    rerun_alone,
+    write_reports,
+)
 from pytest_cuda.leaks import (
     CudaLeakWarning,
     CudaMemory,
     LeakResult,
     Mode,
+    Release,
     StackRecording,
     attribute,
     growth,
@@ -48,7 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import Generator
     from types import TracebackType
 
-__all__ = ["LeakChecker", "cuda_leak_check"]
+__all__ = ["LeakChecker", "cuda_leak_check", "kept_by_library"]
 
 SECTION = "CUDA memory leak"
 TRACE_HINT = (
@@ -271,6 +278,7 @@ class LeakChecker:
             if self.reruns_left > 0:
                 self.reruns_left -= 1
                 result = replace(result, rerun=rerun_alone(self.config, check.item.nodeid))
+            result = kept_by_library(result)
         check.result = result
 
     def _stacks(self, check: _Check, result: LeakResult) -> LeakResult:
@@ -330,6 +338,26 @@ class LeakChecker:
             self.reports[check.item.nodeid] = leak.to_dict()
         if result.leaked:
             report.sections.append((SECTION, result.details(subject, self.root)))
+
+
+def kept_by_library(result: LeakResult) -> LeakResult:
+    """Growth that only libraries' caches hold (torch.compile's, a singleton's), as the
+    holder walk found (here, or in the re-run alone), is kept by design: not a leak.
+    It is listed with what the settle steps released, under the holder's path."""
+    holders = result.holders.holders if result.holders is not None else ()
+    if holders and all(h.kind == "library cache" for h in holders):
+        reached = sum(h.nbytes for h in holders)
+        if reached + result.tolerance * len(result.leaked) >= sum(result.leaked.values()):
+            step = f"{LIBRARY_STEP}: {holders[0].path}"
+            return replace(
+                result, leaked={}, released=(*result.released, Release(step, dict(result.leaked)))
+            )
+    if result.rerun is not None and result.rerun.library:
+        step = f"{LIBRARY_STEP}: {result.rerun.library} (re-run alone)"
+        return replace(
+            result, leaked={}, released=(*result.released, Release(step, dict(result.leaked)))
+        )
+    return result
 
 
 def _subject(item: pytest.Item) -> str:

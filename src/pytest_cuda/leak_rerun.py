@@ -21,10 +21,14 @@ from typing import TYPE_CHECKING, Any
 from pytest_cuda.leak_report import LeakReport
 from pytest_cuda.leaks import Rerun
 
+#: The name of the step under which growth that only a library cache holds is listed
+#: (:func:`pytest_cuda.leak_checker.kept_by_library`).
+LIBRARY_STEP = "held by a library cache"
+
 if TYPE_CHECKING:
     import pytest
 
-__all__ = ["ENV_OUT", "MAX_RERUNS", "rerun_alone", "write_reports"]
+__all__ = ["ENV_OUT", "LIBRARY_STEP", "MAX_RERUNS", "rerun_alone", "write_reports"]
 
 #: Where a re-run child writes ``{nodeid: LeakReport.to_dict()}``.
 ENV_OUT = "PYTEST_CUDA_LEAK_RERUN_OUT"
@@ -65,6 +69,10 @@ def rerun_alone(config: pytest.Config, nodeid: str) -> Rerun:
     if report is None:
         tail = " / ".join(line for line in done.stdout.strip().splitlines()[-2:])
         return Rerun(note=f"it did not run the test (exit status {done.returncode}: {tail})")
+    library = next((step for step, _ in report.kept if step.startswith(LIBRARY_STEP)), None)
+    if library is not None:
+        path = library.split(": ", 1)[-1]
+        return Rerun(note=f"only a library cache holds it ({path}): kept by design", library=path)
     if not report.leaked:
         return Rerun(
             note="no leak there: the leak depends on the tests that ran before it "

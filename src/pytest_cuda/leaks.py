@@ -179,6 +179,7 @@ class Rerun:
     holder: str | None = None
     details: str = ""
     note: str = ""
+    library: str | None = None  # alone, only a library cache held it: which
 
     def lines(self) -> list[str]:
         if self.note:

@@ -782,3 +782,43 @@ def test_re_runs_stop_at_their_number(
     result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--cuda-leak-reruns takes a number of tests >= 0, got -1*"])
+
+
+LIBRARY_CACHE = """
+import sys
+import types
+
+# An installed library (its file in site-packages) with a by-design cache, as
+# torch.compile keeps compiled graphs' constants.
+planted_lib = types.ModuleType("planted_lib")
+planted_lib.__file__ = "/usr/lib/python3/site-packages/planted_lib/__init__.py"
+planted_lib.CACHE = []
+sys.modules["planted_lib"] = planted_lib
+
+def test_fills_a_library_cache(fake_cuda):
+    planted_lib.CACHE.append(fake_cuda.tensor(4096))
+"""
+
+
+def test_growth_only_a_library_cache_holds_is_kept_by_design(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(LIBRARY_CACHE)
+    result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-trace", "-v")
+    assert result.parseoutcomes() == {"passed": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "*- CUDA memory released before judging (kept by design, not leaks) -*",
+            "test_planted.py::test_fills_a_library_cache - held by a library cache: "
+            "planted_lib.CACHE[0]: 4.0 KiB on cuda:0",
+        ]
+    )
+    # Without stacks, the re-run alone finds the same holder.
+    result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=1", "-v")
+    assert result.parseoutcomes() == {"passed": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "test_planted.py::test_fills_a_library_cache - held by a library cache: "
+            "planted_lib.CACHE[0] (re-run alone): 4.0 KiB on cuda:0",
+        ]
+    )
