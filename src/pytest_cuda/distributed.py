@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from pytest_cuda.markers import check_keywords
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -63,16 +65,7 @@ def parse_distributed_marker(
     args: Sequence[object], kwargs: Mapping[str, object]
 ) -> DistributedSpec:
     """The marker's arguments → a spec; :class:`ValueError` says which one is wrong."""
-    if args:
-        raise ValueError(
-            f"takes keyword arguments only ({', '.join(k + '=' for k in KEYWORDS)}), "
-            f"got positional {', '.join(repr(a) for a in args)}"
-        )
-    unknown = [k for k in kwargs if k not in KEYWORDS]
-    if unknown:
-        raise ValueError(
-            f"unknown keyword {', '.join(repr(k) for k in unknown)}; known: {', '.join(KEYWORDS)}"
-        )
+    check_keywords(args, kwargs, KEYWORDS)
     size = kwargs.get("world_size", 2)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"world_size must be a positive integer, got {size!r}")

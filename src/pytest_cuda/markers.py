@@ -20,6 +20,7 @@ __all__ = [
     "KEYWORDS",
     "CudaRequirement",
     "MarkerError",
+    "check_keywords",
     "merge_requirements",
     "parse_cuda_marker",
     "unmet_reason",
@@ -66,22 +67,33 @@ def _max_or_none(a: Any, b: Any) -> Any:
     return max(a, b)
 
 
+def check_keywords(
+    args: Sequence[object], kwargs: Mapping[str, object], known: Sequence[str]
+) -> None:
+    """A marker that takes the ``known`` keywords only: :class:`ValueError` names
+    positional arguments and unknown keywords."""
+    if args:
+        raise ValueError(
+            f"takes keyword arguments only ({', '.join(k + '=' for k in known)}), "
+            f"got positional {', '.join(repr(a) for a in args)}"
+        )
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown keyword {', '.join(repr(k) for k in unknown)}; known: {', '.join(known)}"
+        )
+
+
 def parse_cuda_marker(args: Sequence[object], kwargs: Mapping[str, object]) -> CudaRequirement:
     """``cuda(min_devices=2, min_memory="40GiB", min_capability=(8, 0))`` → requirement.
 
     Raises :class:`MarkerError` for positional arguments, unknown keywords and values
     that are not a count, a size or a capability.
     """
-    if args:
-        raise MarkerError(
-            f"takes keyword arguments only ({', '.join(k + '=' for k in KEYWORDS)}), "
-            f"got positional {', '.join(repr(a) for a in args)}"
-        )
-    unknown = [k for k in kwargs if k not in KEYWORDS]
-    if unknown:
-        raise MarkerError(
-            f"unknown keyword {', '.join(repr(k) for k in unknown)}; known: {', '.join(KEYWORDS)}"
-        )
+    try:
+        check_keywords(args, kwargs, KEYWORDS)
+    except ValueError as exc:
+        raise MarkerError(str(exc)) from None
     count = kwargs.get("min_devices", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise MarkerError(f"min_devices must be a positive integer, got {count!r}")
