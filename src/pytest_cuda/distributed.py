@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from pytest_cuda.markers import check_keywords
-
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -65,6 +63,9 @@ def parse_distributed_marker(
     args: Sequence[object], kwargs: Mapping[str, object]
 ) -> DistributedSpec:
     """The marker's arguments → a spec; :class:`ValueError` says which one is wrong."""
+    # Imported here: the plugin imports this module on every run, CUDA tests or not.
+    from pytest_cuda.markers import check_keywords
+
     check_keywords(args, kwargs, KEYWORDS)
     size = kwargs.get("world_size", 2)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
