@@ -112,12 +112,6 @@ def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
-    frozen = gc.get_freeze_count()
-    if frozen:
-        notes.append(
-            f"{frozen} objects frozen by gc.freeze() are invisible to the walk: a holder "
-            "among them is reported as unreachable"
-        )
     try:
         # Reading arbitrary objects can warn (deprecated module attributes): not the
         # user's warnings to see.
@@ -130,6 +124,13 @@ def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
             notes.append("no Python tensor object shows the leaked blocks")
     except Exception as exc:  # the report must come out whatever the heap holds
         notes.append(f"the walk stopped: {type(exc).__name__}: {exc}")
+    frozen = gc.get_freeze_count()
+    if frozen and any(not t.path for t in targets.values()):
+        # Said only where it may matter: something was left without a holder.
+        notes.append(
+            f"{frozen} objects frozen by gc.freeze() are invisible to the walk: a holder "
+            "among them is reported as unreachable"
+        )
     return _scan(list(targets.values()), notes)
 
 
