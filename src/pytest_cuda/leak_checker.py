@@ -34,7 +34,6 @@ from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leak_rerun import (
     ENV_OUT,
     LIBRARY_STEP,
-    MAX_RERUNS,
     rerun_alone,
     write_reports,
 )
@@ -108,8 +107,8 @@ class LeakChecker:
         self._current: _Check | None = None
         # A leak found without stacks is re-run alone with them (not in a re-run child).
         rerun_child = bool(os.environ.get(ENV_OUT))
-        self.reruns_left = 0 if self.recording is not None or rerun_child else MAX_RERUNS
-        self.reruns_left = min(self.reruns_left, config.getoption("cuda_leak_reruns"))
+        reruns: int = config.getoption("cuda_leak_reruns")
+        self.reruns_left = 0 if self.recording is not None or rerun_child else reruns
         self.reports: dict[str, dict[str, Any]] | None = {} if rerun_child else None
 
     def start(self) -> None:
@@ -345,19 +344,19 @@ def kept_by_library(result: LeakResult) -> LeakResult:
     holder walk found (here, or in the re-run alone), is kept by design: not a leak.
     It is listed with what the settle steps released, under the holder's path."""
     holders = result.holders.holders if result.holders is not None else ()
-    if holders and all(h.kind == "library cache" for h in holders):
-        reached = sum(h.nbytes for h in holders)
-        if reached + result.tolerance * len(result.leaked) >= sum(result.leaked.values()):
-            step = f"{LIBRARY_STEP}: {holders[0].path}"
-            return replace(
-                result, leaked={}, released=(*result.released, Release(step, dict(result.leaked)))
-            )
-    if result.rerun is not None and result.rerun.library:
+    reached = sum(h.nbytes for h in holders)
+    if (
+        holders
+        and all(h.kind == "library cache" for h in holders)
+        and reached + result.tolerance * len(result.leaked) >= sum(result.leaked.values())
+    ):
+        step = f"{LIBRARY_STEP}: {holders[0].path}"
+    elif result.rerun is not None and result.rerun.library:
         step = f"{LIBRARY_STEP}: {result.rerun.library} (re-run alone)"
-        return replace(
-            result, leaked={}, released=(*result.released, Release(step, dict(result.leaked)))
-        )
-    return result
+    else:
+        return result
+    released = (*result.released, Release(step, dict(result.leaked)))
+    return replace(result, leaked={}, released=released)
 
 
 def _subject(item: pytest.Item) -> str:

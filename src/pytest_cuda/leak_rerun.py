@@ -2,7 +2,8 @@
 
 Without ``--cuda-leak-trace`` no stack is recorded (recording costs about 2 µs per CUDA
 allocation in every test), so a leak's report could name no line and no holder. The
-checker re-runs each leaking test (the first :data:`MAX_RERUNS` of a session) as
+checker re-runs each leaking test (the first ``--cuda-leak-reruns`` of a session, 5 by
+default) as
 ``python -m pytest NODEID --cuda-leak-check --cuda-leak-trace`` in the rootdir; the
 child writes its leak reports to the file named by :data:`ENV_OUT`, and the parent puts
 the line and holder it found into its own report. Clean tests never pay for it.
@@ -21,19 +22,16 @@ from typing import TYPE_CHECKING, Any
 from pytest_cuda.leak_report import LeakReport
 from pytest_cuda.leaks import Rerun
 
-#: The name of the step under which growth that only a library cache holds is listed
-#: (:func:`pytest_cuda.leak_checker.kept_by_library`).
-LIBRARY_STEP = "held by a library cache"
-
 if TYPE_CHECKING:
     import pytest
 
-__all__ = ["ENV_OUT", "LIBRARY_STEP", "MAX_RERUNS", "rerun_alone", "write_reports"]
+__all__ = ["ENV_OUT", "LIBRARY_STEP", "rerun_alone", "write_reports"]
 
 #: Where a re-run child writes ``{nodeid: LeakReport.to_dict()}``.
 ENV_OUT = "PYTEST_CUDA_LEAK_RERUN_OUT"
-#: Leaking tests re-run per session; the others say how to get their lines.
-MAX_RERUNS = 5
+#: The name of the step under which growth that only a library cache holds is listed
+#: (:func:`pytest_cuda.leak_checker.kept_by_library`).
+LIBRARY_STEP = "held by a library cache"
 TIMEOUT_S = 300
 
 
