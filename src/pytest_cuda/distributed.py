@@ -223,8 +223,6 @@ def verdict(
             f"{names} never finished"
         )
         stop_reason = f"the test's timeout of {spec.timeout:g} s ran out"
-        if failed:
-            headline += f"; rank {failed[0].rank} failed first: {_headline(failed[0])}"
     elif failed:
         first = failed[0]
         headline = f"{name}: rank {first.rank} of {spec.world_size} failed: {_headline(first)}"

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from pytest_cuda.distributed import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
+from pytest_cuda.leak_plugin import CHECKER_NAME
 
 if TYPE_CHECKING:
     from pytest_cuda.distributed import DistributedSpec, RankOutcome
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["PendingRank"]
 
 RANK_FIXTURE = "cuda_rank"
-_LEAK_MARKER = "cuda_leak_check"
-_LEAK_CHECKER = "cuda.leaks"
 
 
 class PendingRank:
@@ -91,7 +90,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     from pytest_cuda.distributed import verdict
-    from pytest_cuda.rank_launch import STARTUP_S, RankJob, run_ranks
+    from pytest_cuda.rank_launch import RankJob, run_ranks, startup_limit
 
     devices: tuple[int, ...] = ()
     if spec.uses_cuda:
@@ -120,7 +119,7 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     _add_sections(item, outcomes)
     _warn(item, outcomes)
     result = verdict(
-        outcomes, spec, timed_out=timed_out, name=item.name, startup_s=max(STARTUP_S, spec.timeout)
+        outcomes, spec, timed_out=timed_out, name=item.name, startup_s=startup_limit(spec)
     )
     if result.outcome == "failed":
         pytest.fail(result.text, pytrace=False)
@@ -163,25 +162,17 @@ def _pickled_call(item: pytest.Function) -> bytes:
 
 
 def _rank_leak_settings(item: pytest.Item) -> tuple[int, str, bool] | None:
-    """``(tolerance, mode, trace)`` when the leak check applies to this test, else ``None``."""
-    config = item.config
-    if config.pluginmanager.get_plugin(_LEAK_CHECKER) is None:
-        return None
-    mark = item.get_closest_marker(_LEAK_MARKER)
-    if mark is not None:
-        from pytest_cuda.leak_checker import cuda_leak_check
-        from pytest_cuda.leaks import parse_leak_settings
+    """``(tolerance, mode, trace)`` when the leak check applies to this test (as the
+    checker planned it at setup), else ``None``."""
+    if item.config.pluginmanager.get_plugin(CHECKER_NAME) is None:
+        return None  # no checker registered: leak_checker is not even imported
+    from pytest_cuda.leak_checker import checked_for_leaks
 
-        tolerance, mode = parse_leak_settings(
-            *cuda_leak_check(*mark.args, **mark.kwargs), where=_LEAK_MARKER
-        )
-        if mode == "off":
-            return None
-    elif config.getoption("cuda_leak_check"):
-        tolerance, mode = 0, "fail"
-    else:
+    settings = checked_for_leaks(item)
+    if settings is None:
         return None
-    return tolerance, mode, bool(config.getoption("cuda_leak_trace"))
+    tolerance, mode = settings
+    return tolerance, mode, bool(item.config.getoption("cuda_leak_trace"))
 
 
 def _add_sections(item: pytest.Item, outcomes: list[RankOutcome]) -> None:

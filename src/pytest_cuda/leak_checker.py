@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from collections.abc import Generator
     from types import TracebackType
 
-__all__ = ["LeakChecker", "cuda_leak_check", "kept_by_library"]
+__all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check", "kept_by_library"]
 
 SECTION = "CUDA memory leak"
 TRACE_HINT = (
@@ -337,6 +337,13 @@ class LeakChecker:
             self.reports[check.item.nodeid] = leak.to_dict()
         if result.leaked:
             report.sections.append((SECTION, result.details(subject, self.root)))
+
+
+def checked_for_leaks(item: pytest.Item) -> tuple[int, Mode] | None:
+    """The tolerance and mode the checker measures ``item`` with (planned at its setup),
+    ``None`` when the test is not checked for leaks."""
+    check = item.stash.get(_CHECK, None)
+    return (check.tolerance, check.mode) if check is not None and check.leaks else None
 
 
 def kept_by_library(result: LeakResult) -> LeakResult:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from pytest_cuda.leaks import NoCudaLeak
 
-__all__ = []
+__all__ = ["CHECKER_NAME"]
 
 CHECKER_NAME = "cuda.leaks"
 REPORTS_NAME = "cuda.leak-reports"

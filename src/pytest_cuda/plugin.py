@@ -26,6 +26,7 @@ import pytest
 
 from pytest_cuda import distributed_plugin, leak_plugin, sync_plugin
 from pytest_cuda.collection import marker_names
+from pytest_cuda.distributed import MARKER as DISTRIBUTED
 from pytest_cuda.distributed import RANK_DEVICES
 from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
 
@@ -54,7 +55,6 @@ __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices
 MODE_PLUGINS: tuple[ModuleType, ...] = (leak_plugin, sync_plugin, distributed_plugin)
 
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
-DISTRIBUTED = "cuda_distributed"
 _MARKERS = frozenset({"cuda", DISTRIBUTED})
 _DEVICE_FIXTURE_SET = frozenset(DEVICE_FIXTURES)
 

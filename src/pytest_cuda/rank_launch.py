@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from pytest_cuda.distributed import DistributedSpec
 
-__all__ = ["STARTUP_S", "RankJob", "run_ranks"]
+__all__ = ["STARTUP_S", "RankJob", "run_ranks", "startup_limit"]
 
 #: How long the ranks may take to start (Python, torch, CUDA, the process group's
 #: rendezvous) before the test's own timeout starts counting: at least this.
@@ -57,12 +57,18 @@ class RankJob:
     leak: tuple[int, str, bool] | None
 
 
+def startup_limit(spec: DistributedSpec) -> float:
+    """Seconds the ranks may take to start their test: :data:`STARTUP_S`, or the
+    test's timeout if that is longer."""
+    return max(STARTUP_S, spec.timeout)
+
+
 def run_ranks(
     job: RankJob, folder: Path, *, cwd: Path
 ) -> tuple[list[RankOutcome], Literal["timeout", "startup"] | None]:
     """Run the job's ranks to their end: every rank's outcome, and which time limit ran
     out, if one did (``"startup"``: the ranks did not all start their test in time)."""
-    startup = max(STARTUP_S, job.spec.timeout)
+    startup = startup_limit(job.spec)
     store, port = cuda.host_store(startup)
     payload = {
         "name": job.name,
@@ -128,11 +134,7 @@ def _start(folder: Path, rank: int, cwd: Path) -> subprocess.Popen[bytes]:
 
 
 def _ended_well(folder: Path, rank: int) -> bool:
-    try:
-        state = json.loads(result_path(folder, rank).read_text())["state"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return state in _GOOD_ENDS
+    return _json(result_path(folder, rank)).get("state") in _GOOD_ENDS
 
 
 def _watch(
@@ -215,34 +217,27 @@ def _outcome(
 ) -> RankOutcome:
     out = _read(folder / f"rank{rank}.out")
     err = _read(folder / f"rank{rank}.err")
+    stack = _read(stack_path(folder, rank)) if stopped else ""
     result = _json(result_path(folder, rank))
-    if result:
+    # Without a result, a body record: its test body ended well and it waited for the
+    # others, until it was stopped.
+    record = result or _json(body_path(folder, rank))
+    if record:
+        waiting = stopped and not result
         return RankOutcome(
             rank,
             device,
-            result["state"],
-            seconds=float(result.get("seconds", 0.0)),
-            message=result.get("message", ""),
-            traceback=result.get("traceback", ""),
-            where=result.get("where", ""),
+            record["state"],
+            seconds=float(record.get("seconds", 0.0)),
+            message=record.get("message", ""),
+            traceback=record.get("traceback", ""),
+            where=record.get("where", ""),
             stdout=out,
             stderr=err,
             exit_code=proc.returncode,
-            warnings=[tuple(w) for w in result.get("warnings", [])],
-        )
-    stack = _read(stack_path(folder, rank)) if stopped else ""
-    body = _json(body_path(folder, rank))
-    if body:  # its test body ended well, and it waited for the others
-        return RankOutcome(
-            rank,
-            device,
-            body["state"],
-            seconds=float(body.get("seconds", 0.0)),
-            stdout=out,
-            stderr=err,
-            warnings=[tuple(w) for w in body.get("warnings", [])],
-            waiting=stopped,
-            stack=stack,
+            warnings=[tuple(w) for w in record.get("warnings", [])],
+            waiting=waiting,
+            stack=stack if waiting else "",
         )
     if stopped:
         started = started_path(folder, rank).exists()

@@ -197,13 +197,12 @@ def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
     if name == "CudaLeakError":  # its text is the report; its frames are ours
         first, _, details = message.partition("\n")
         return {"state": "failed", "message": first, "traceback": details}
-    text = "".join(traceback.format_exception(exc))
-    frames = traceback.extract_tb(exc.__traceback__)
-    own = [f for f in frames if f.filename == job["module_file"]]
-    kept = _from_test(exc.__traceback__, job["module_file"])
-    if kept is not None:
-        text = "".join(traceback.format_exception(type(exc), exc, kept))
-    where = f"{_short(own[-1].filename)}:{own[-1].lineno}" if own else ""
+    from pytest_cuda.repro import failure_site
+
+    shown = _from_test(exc.__traceback__, job["module_file"]) or exc.__traceback__
+    text = "".join(traceback.format_exception(type(exc), exc, shown))
+    site = failure_site(exc.__traceback__, in_file=Path(job["module_file"]), relative_to=Path.cwd())
+    where = f"{site.path}:{site.lineno}" if site is not None else ""
     headline = message.strip().splitlines()[0] if message.strip() else ""
     if not (module.startswith("_pytest") and name == "Failed"):
         headline = f"{name}: {headline}" if headline else name
@@ -215,13 +214,6 @@ def _from_test(tb: TracebackType | None, path: str) -> TracebackType | None:
     while tb is not None and tb.tb_frame.f_code.co_filename != path:
         tb = tb.tb_next
     return tb
-
-
-def _short(path: str) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path
 
 
 def _import_test_module(name: str, path: str) -> ModuleType:
