@@ -351,7 +351,9 @@ def kept_by_library(result: LeakResult) -> LeakResult:
     holder walk found (here, or in the re-run alone), is kept by design: not a leak.
     It is listed with what the settle steps released, under the holder's path."""
     holders = result.holders.holders if result.holders is not None else ()
-    reached = sum(h.nbytes for h in holders)
+    # Every leaked block lies in a tensor a library cache holds (a block no tensor
+    # shows is a holder of its own kind), and those blocks make up the growth.
+    reached = result.holders.found if result.holders is not None else 0
     if (
         holders
         and all(h.kind == "library cache" for h in holders)

@@ -22,7 +22,7 @@ import sys
 import types
 import unittest
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.units import format_bytes
@@ -30,10 +30,16 @@ from gpumagic.units import format_bytes
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    from gpumagic.stacks import Block
+
     #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
     Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
 
-__all__ = ["HolderScan", "LeakHolder", "find_holders"]
+__all__ = ["UNSHOWN", "HolderScan", "LeakHolder", "find_block_holders", "find_holders"]
+
+NO_TENSOR = "no Python tensor object shows the leaked blocks"
+#: The kind of the blocks that no live tensor lies in.
+UNSHOWN = "C++ side: no Python tensor; a library workspace (cuBLAS, cuDNN, NCCL) or a C++ cache"
 
 #: How far up the walk goes, and how many objects one level may hold.
 MAX_DEPTH = 12
@@ -59,9 +65,10 @@ class LeakHolder:
 
     def describe(self) -> str:
         where = ", ".join(self.devices)
-        count = f"{self.tensors} tensor" + ("s" if self.tensors != 1 else "")
+        count = f" ({self.tensors} tensor" + ("s)" if self.tensors != 1 else ")")
         note = f"; {self.note}" if self.note else ""
-        return f"{format_bytes(self.nbytes)} ({count}) on {where}: {self.path} ({self.kind}{note})"
+        count = count if self.tensors else ""
+        return f"{format_bytes(self.nbytes)}{count} on {where}: {self.path} ({self.kind}{note})"
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,9 @@ class HolderScan:
 
     holders: tuple[LeakHolder, ...]
     notes: tuple[str, ...] = ()
-    found: int = 0  # bytes of the leaked storages that Python objects reach
+    #: Bytes that live tensors show: of the leaked blocks they lie in (when the walk was
+    #: given blocks), else of the storages Python objects reach.
+    found: int = 0
 
     def first(self) -> str | None:
         """``"mymod.CACHE['x'] (module global)"`` for the largest holder that Python
@@ -121,7 +130,7 @@ def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
             _walk_up(list(targets.values()), notes, ignore={id(objects)})
             _saved_by_graphs(objects, targets, facts, notes)
         if not targets:
-            notes.append("no Python tensor object shows the leaked blocks")
+            notes.append(NO_TENSOR)
     except Exception as exc:  # the report must come out whatever the heap holds
         notes.append(f"the walk stopped: {type(exc).__name__}: {exc}")
     frozen = gc.get_freeze_count()
@@ -132,6 +141,46 @@ def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
             "among them is reported as unreachable"
         )
     return _scan(list(targets.values()), notes)
+
+
+def find_block_holders(
+    objects: Sequence[object], blocks: Sequence[Block], facts: Facts
+) -> HolderScan:
+    """:func:`find_holders` for the tensors whose storage lies in one of ``blocks``
+    (``facts`` answers for every tensor). The blocks that no live tensor lies in come
+    last, as one holder of kind :data:`UNSHOWN` with their bytes; ``found`` counts the
+    bytes of the blocks that tensors show."""
+    spans: dict[str, list[Block]] = {}
+    for block in blocks:
+        spans.setdefault(f"cuda:{block.device}", []).append(block)
+    shown: dict[tuple[int, int], Block] = {}
+
+    def in_blocks(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        fact = facts(obj)
+        if fact is None or fact[2] not in spans:
+            return None
+        address = fact[0][1]
+        for block in spans[fact[2]]:
+            if block.address <= address < block.address + block.size:
+                shown[block.device, block.address] = block
+                return fact
+        return None
+
+    scan = find_holders(objects, in_blocks)
+    hidden = [b for b in blocks if (b.device, b.address) not in shown]
+    if hidden:  # said by the holder line below
+        scan = replace(scan, notes=tuple(n for n in scan.notes if n != NO_TENSOR))
+    found = sum(b.size for b in shown.values())
+    if not hidden:
+        return replace(scan, found=found)
+    unseen = LeakHolder(
+        f"{len(hidden)} block" + ("s" if len(hidden) != 1 else "") + " that no Python tensor shows",
+        UNSHOWN,
+        sum(b.size for b in hidden),
+        tuple(sorted({f"cuda:{b.device}" for b in hidden})),
+        tensors=0,
+    )
+    return replace(scan, holders=(*scan.holders, unseen), found=found)
 
 
 def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _Target]:

@@ -42,7 +42,7 @@ from gpumagic.stacks import (
     short_path,
 )
 from gpumagic.units import format_bytes, parse_size
-from pytest_cuda.leak_holders import HolderScan, find_holders
+from pytest_cuda.leak_holders import HolderScan, find_block_holders
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -448,25 +448,15 @@ def attribute(
 
 def holders_of(blocks: Sequence[Block]) -> HolderScan:
     """Who holds the live tensors whose storage lies in ``blocks`` (a walk of the whole
-    heap: for tests already judged leaking only)."""
-    spans: dict[str, list[tuple[int, int]]] = {}
-    for block in blocks:
-        spans.setdefault(f"cuda:{block.device}", []).append(
-            (block.address, block.address + block.size)
-        )
+    heap: for tests already judged leaking only); see :func:`find_block_holders`."""
 
     def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
         found = cuda.tensor_facts(obj)
-        if found is None or found.device not in spans:
-            return None
-        address = found.storage[1]
-        if not any(start <= address < end for start, end in spans[found.device]):
-            return None
-        return found.storage, found.nbytes, found.device
+        return None if found is None else (found.storage, found.nbytes, found.device)
 
     objects = gc.get_objects()
     try:
-        return find_holders(objects, facts)
+        return find_block_holders(objects, blocks, facts)
     finally:
         del objects
 

@@ -290,3 +290,51 @@ def test_no_cuda_leak_leaves_the_users_recording_on() -> None:
     finally:
         torch.cuda.memory._record_memory_history(None)
         KEPT.clear()
+
+
+LIBRARY_AND_CPP = """
+import pytest
+import torch
+import torch.utils.dlpack
+
+CAPSULES = []
+
+
+@pytest.mark.parametrize("round", [1, 2])
+def test_reduce_overhead(round):
+    # CUDA graphs: torch.compile keeps static buffers in its graph pool, by design.
+    f = torch.compile(lambda x: torch.sin(x) * 2 + 1, mode="reduce-overhead")
+    x = torch.randn(1 << 20, device="cuda")
+    for _ in range(3):
+        y = f(x)
+    assert torch.allclose(y, torch.sin(x) * 2 + 1)
+
+
+def test_held_in_cpp():
+    # A DLPack capsule keeps the tensor on the C++ side: no Python tensor shows it.
+    CAPSULES.append(torch.utils.dlpack.to_dlpack(torch.empty(1 << 20, device="cuda")))
+"""
+
+
+@pytest.mark.parametrize("trace", [True, False], ids=["trace", "rerun"])
+def test_library_caches_are_kept_and_cpp_blocks_are_named(
+    pytester: pytest.Pytester, trace: bool
+) -> None:
+    pytester.makepyfile(test_kept=LIBRARY_AND_CPP)
+    args = ["--cuda-leak-check", "-v", "-p", "no:cacheprovider"]
+    result = pytester.runpytest_subprocess(
+        *args, *(["--cuda-leak-trace"] if trace else []), timeout=300
+    )
+    _record(f"kept_{'trace' if trace else 'rerun'}", result)
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("leaked")) == (3, 1), outcomes
+    result.stdout.no_fnmatch_line("LEAKED *test_reduce_overhead*")
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_kept.py::test_held_in_cpp - 4.0 MiB on cuda:0, allocated at "
+            "test_kept.py:* in test_held_in_cpp",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["*4.0 MiB on cuda:0: 1 block that no Python tensor shows (C++ side: *"]
+    )

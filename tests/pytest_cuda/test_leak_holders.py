@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 import torch
 
-from pytest_cuda.leak_holders import HolderScan, find_holders
+from gpumagic.stacks import Block
+from pytest_cuda.leak_holders import UNSHOWN, HolderScan, find_block_holders, find_holders
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -227,3 +228,33 @@ def test_the_largest_holder_comes_first(module: types.ModuleType) -> None:
     assert found.first() == "mymod.LARGE (module global)"
     described = found.holders[0].describe()
     assert described == "9.8 KiB (1 tensor) on cuda:0: mymod.LARGE (module global)"
+
+
+def test_blocks_that_no_tensor_shows_are_said_so(module: types.ModuleType) -> None:
+    # One block holds a global's tensor; the other holds nothing Python can see (a
+    # library's C++ workspace): it is listed last, with its bytes, as such.
+    module.CACHE = [Blob(4096)]  # type: ignore[attr-defined]
+    shown = Block(0, id(module.CACHE[0]) - 16, 4608, 4096)  # type: ignore[attr-defined]
+    hidden = Block(0, 1 << 60, 8 << 20, 8 << 20)
+    objects = gc.get_objects()
+    found = find_block_holders(objects, [shown, hidden], blob_facts)
+    del objects
+    assert [(h.path, h.kind) for h in found.holders] == [
+        (f"{module.__name__}.CACHE[0]", "module global"),
+        ("1 block that no Python tensor shows", UNSHOWN),
+    ]
+    assert found.holders[1].nbytes == 8 << 20
+    assert found.holders[1].describe() == (
+        f"8.0 MiB on cuda:0: 1 block that no Python tensor shows ({UNSHOWN})"
+    )
+    assert found.found == 4608  # the block's bytes, not the tensor's
+    assert found.first() == f"{module.__name__}.CACHE[0] (module global)"
+
+
+def test_when_no_tensor_shows_any_block_the_holder_line_says_it_once() -> None:
+    objects = gc.get_objects()
+    found = find_block_holders(objects, [Block(0, 1 << 60, 512, 100)], blob_facts)
+    del objects
+    assert [h.kind for h in found.holders] == [UNSHOWN]
+    assert "no Python tensor object shows the leaked blocks" not in found.notes
+    assert found.first() is None
