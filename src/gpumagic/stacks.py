@@ -101,6 +101,9 @@ class Block:
     size: int
     requested: int
     frames: tuple[Frame, ...] = ()
+    #: In a private memory pool (a CUDA graph's, a ``torch.cuda.MemPool``), not the
+    #: allocator's default one.
+    private_pool: bool = False
 
 
 def blocks_from_segments(
@@ -113,6 +116,8 @@ def blocks_from_segments(
         device = int(segment.get("device", 0))
         if devices is not None and device not in devices:
             continue
+        pool = segment.get("segment_pool_id") or (0, 0)
+        private = tuple(pool) != (0, 0)
         for block in segment.get("blocks", ()):
             if block.get("state") != "active_allocated":
                 continue
@@ -128,6 +133,7 @@ def blocks_from_segments(
                     size,
                     int(block.get("requested_size", size)),
                     frames,
+                    private,
                 )
             )
     return found
@@ -180,6 +186,22 @@ def _as_dir(path: str) -> str:
     return os.path.normcase(os.path.abspath(path)).rstrip(os.sep) + os.sep
 
 
+def _generated_code_dirs() -> list[str]:
+    """Where torch.compile writes the code it generates (inductor's cache, triton's):
+    library code, though it lies outside the library's package."""
+    import getpass
+    import re
+    import tempfile
+
+    found = [os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""), os.environ.get("TRITON_CACHE_DIR", "")]
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except Exception:  # no user name in this environment (getpass raises OSError, KeyError)
+        return found
+    found.append(os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"))
+    return found
+
+
 class FrameFilter:
     """Tells the user's frames from library frames: the packages of
     :data:`LIBRARY_PACKAGES` (torch, pytest, IPython, gpumagic…), the standard library
@@ -199,6 +221,7 @@ class FrameFilter:
             path = getattr(module, "__file__", None)
             if path:
                 library.append(os.path.dirname(path))
+        library += _generated_code_dirs()
         paths = sysconfig.get_paths()
         return cls(library, {paths["stdlib"], paths["platstdlib"]})
 

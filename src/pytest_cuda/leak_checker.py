@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
+from pytest_cuda.leak_holders import LIBRARY
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leak_rerun import (
     ENV_OUT,
@@ -356,7 +357,7 @@ def kept_by_library(result: LeakResult) -> LeakResult:
     reached = result.holders.found if result.holders is not None else 0
     if (
         holders
-        and all(h.kind == "library cache" for h in holders)
+        and all(h.kind == LIBRARY for h in holders)
         and reached + result.tolerance * len(result.leaked) >= sum(result.leaked.values())
     ):
         step = f"{LIBRARY_STEP}: {holders[0].path}"

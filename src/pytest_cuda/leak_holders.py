@@ -35,8 +35,10 @@ if TYPE_CHECKING:
     #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
     Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
 
-__all__ = ["UNSHOWN", "HolderScan", "LeakHolder", "find_block_holders", "find_holders"]
+__all__ = ["LIBRARY", "UNSHOWN", "HolderScan", "LeakHolder", "find_block_holders", "find_holders"]
 
+#: The kind of a holder that is a library's cache, kept by design.
+LIBRARY = "library cache"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
 #: The kind of the blocks that no live tensor lies in.
 UNSHOWN = "C++ side: no Python tensor; a library workspace (cuBLAS, cuDNN, NCCL) or a C++ cache"
@@ -95,6 +97,7 @@ class _Target:
     """One leaked storage: a tensor that shows it, its size and device."""
 
     obj: object
+    key: tuple[str, int]
     nbytes: int
     device: str
     tensors: int = 1
@@ -111,13 +114,18 @@ class _Node:
     through: set[str] = field(default_factory=set)
 
 
-def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
+def find_holders(
+    objects: Sequence[object],
+    facts: Facts,
+    explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None = None,
+) -> HolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
     ``facts(obj)`` answers ``(storage key, bytes, device)`` for a leaked tensor (views
     of one storage share the key) and ``None`` for anything else; ``objects`` is the
-    heap to search (``gc.get_objects()``). Never raises: what cannot be inspected is
-    in :attr:`HolderScan.notes`.
+    heap to search (``gc.get_objects()``). ``explain(key)`` may name the ``(path,
+    kind)`` of a storage the walk found no root for. Never raises: what cannot be
+    inspected is in :attr:`HolderScan.notes`.
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
@@ -140,20 +148,29 @@ def find_holders(objects: Sequence[object], facts: Facts) -> HolderScan:
             f"{frozen} objects frozen by gc.freeze() are invisible to the walk: a holder "
             "among them is reported as unreachable"
         )
-    return _scan(list(targets.values()), notes)
+    return _scan(list(targets.values()), notes, explain)
 
 
 def find_block_holders(
-    objects: Sequence[object], blocks: Sequence[Block], facts: Facts
+    objects: Sequence[object],
+    blocks: Sequence[Block],
+    facts: Facts,
+    is_user: Callable[[str], bool] = lambda filename: True,
 ) -> HolderScan:
     """:func:`find_holders` for the tensors whose storage lies in one of ``blocks``
-    (``facts`` answers for every tensor). The blocks that no live tensor lies in come
-    last, as one holder of kind :data:`UNSHOWN` with their bytes; ``found`` counts the
-    bytes of the blocks that tensors show."""
+    (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
+    holder accounts for.
+
+    What no Python object reaches (a tensor only C++ holds, a block no tensor shows) is
+    a library's by-design cache when its block lies in a CUDA graph's private memory
+    pool, or was allocated inside a library call (its innermost recorded frame is not
+    the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
+    state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
+    """
     spans: dict[str, list[Block]] = {}
     for block in blocks:
         spans.setdefault(f"cuda:{block.device}", []).append(block)
-    shown: dict[tuple[int, int], Block] = {}
+    block_of: dict[tuple[str, int], Block] = {}
 
     def in_blocks(obj: object) -> tuple[tuple[str, int], int, str] | None:
         fact = facts(obj)
@@ -162,25 +179,63 @@ def find_block_holders(
         address = fact[0][1]
         for block in spans[fact[2]]:
             if block.address <= address < block.address + block.size:
-                shown[block.device, block.address] = block
+                block_of[fact[0]] = block
                 return fact
         return None
 
-    scan = find_holders(objects, in_blocks)
-    hidden = [b for b in blocks if (b.device, b.address) not in shown]
-    if hidden:  # said by the holder line below
+    def explain(key: tuple[str, int]) -> tuple[str, str] | None:
+        block = block_of.get(key)
+        return None if block is None else _kept_by_library(block, is_user)
+
+    scan = find_holders(objects, in_blocks, explain)
+    shown = {(b.device, b.address) for b in block_of.values()}
+    hidden: dict[tuple[str, str], list[Block]] = {}
+    for block in blocks:
+        if (block.device, block.address) not in shown:
+            why = _kept_by_library(block, is_user) or (_unshown(block), UNSHOWN)
+            hidden.setdefault(why, []).append(block)
+    extra = [
+        LeakHolder(
+            path if kind != UNSHOWN else _unshown(*group),
+            kind,
+            sum(b.size for b in group),
+            tuple(sorted({f"cuda:{b.device}" for b in group})),
+            tensors=0,
+        )
+        for (path, kind), group in hidden.items()
+    ]
+    if extra:  # the holder lines say it
         scan = replace(scan, notes=tuple(n for n in scan.notes if n != NO_TENSOR))
-    found = sum(b.size for b in shown.values())
-    if not hidden:
-        return replace(scan, found=found)
-    unseen = LeakHolder(
-        f"{len(hidden)} block" + ("s" if len(hidden) != 1 else "") + " that no Python tensor shows",
-        UNSHOWN,
-        sum(b.size for b in hidden),
-        tuple(sorted({f"cuda:{b.device}" for b in hidden})),
-        tensors=0,
+    holders = sorted((*scan.holders, *extra), key=_order)
+    found = sum(b.size for b in blocks) - sum(h.nbytes for h in extra if h.kind == UNSHOWN)
+    return replace(scan, holders=tuple(holders), found=found)
+
+
+#: Where torch keeps the memory of CUDA graphs (``torch.compile(mode="reduce-overhead")``,
+#: ``torch.cuda.graph``): alive as long as the graphs that use it.
+GRAPH_POOL = (
+    "a CUDA graph's private memory pool (torch.compile mode='reduce-overhead', torch.cuda.graph)"
+)
+
+
+def _kept_by_library(block: Block, is_user: Callable[[str], bool]) -> tuple[str, str] | None:
+    if block.private_pool:
+        return GRAPH_POOL, LIBRARY
+    if block.frames and not is_user(block.frames[0].filename):
+        frame = block.frames[0]
+        where = frame.filename.rpartition("site-packages/")[2]
+        return f"the C++ side of the library call at {where}:{frame.line} in {frame.name}", LIBRARY
+    return None
+
+
+def _unshown(*blocks: Block) -> str:
+    return (
+        f"{len(blocks)} block" + ("s" if len(blocks) != 1 else "") + " that no Python tensor shows"
     )
-    return replace(scan, holders=(*scan.holders, unseen), found=found)
+
+
+def _order(holder: LeakHolder) -> tuple[bool, int, str]:
+    return holder.kind.startswith("C++"), -holder.nbytes, holder.path
 
 
 def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _Target]:
@@ -196,16 +251,23 @@ def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _
         if key in found:
             found[key].tensors += 1
         else:
-            found[key] = _Target(obj, nbytes, device)
+            found[key] = _Target(obj, key, nbytes, device)
     return found
 
 
-def _scan(targets: list[_Target], notes: list[str]) -> HolderScan:
+def _scan(
+    targets: list[_Target],
+    notes: list[str],
+    explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None,
+) -> HolderScan:
     groups: dict[tuple[str, str, str], list[_Target]] = {}
     for target in targets:
         if not target.path:
-            target.path = "no Python object that the walk reached"
-            target.kind = "C++ side or unreachable: a library workspace, or an object cycle"
+            explained = explain(target.key) if explain is not None else None
+            target.path, target.kind = explained or (
+                "no Python object that the walk reached",
+                "C++ side or unreachable: a library workspace, or an object cycle",
+            )
         groups.setdefault((target.path, target.kind, target.note), []).append(target)
     holders = [
         LeakHolder(
@@ -218,7 +280,7 @@ def _scan(targets: list[_Target], notes: list[str]) -> HolderScan:
         )
         for (path, kind, note), group in groups.items()
     ]
-    holders.sort(key=lambda h: (h.kind.startswith("C++"), -h.nbytes, h.path))
+    holders.sort(key=_order)
     found = sum(t.nbytes for t in targets if not t.kind.startswith("C++"))
     return HolderScan(tuple(holders), tuple(notes), found)
 
@@ -285,7 +347,7 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
         module = modules[id(ref)]
         key = _key_of(ref, child)
         path = _render(module, [("attr", key), *node.steps])
-        kind = "library cache" if _is_library(module) else "module global"
+        kind = LIBRARY if _is_library(module) else "module global"
         _root(target, path, kind, note)
         return None
     if isinstance(ref, functools._lru_cache_wrapper):
@@ -297,7 +359,7 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
                 f"; its keys hold {', '.join(sorted(keyed))} instances, so the cache keeps "
                 "each test instance and what it holds"
             )
-        kind = "library cache" if _is_library(name) else "functools.lru_cache"
+        kind = LIBRARY if _is_library(name) else "functools.lru_cache"
         # A bounded cache holds results in its own links (one step); functools.cache
         # in a dict, whose key step the walk already has.
         if isinstance(child, dict):
@@ -313,7 +375,7 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
         if owner is not None:
             function, variable = owner
             name = f"{function.__module__}.{function.__qualname__}"
-            kind = "library cache" if _is_library(function.__module__) else "closure cell"
+            kind = LIBRARY if _is_library(function.__module__) else "closure cell"
             _root(target, _render(f"{name} closure variable {variable!r}", node.steps), kind, note)
             return None
     fixture = _fixture_name(ref)
@@ -330,7 +392,7 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
     if step[0] == "dictof" and isinstance(ref, type):
         # The class's own __dict__: a class attribute, a root.
         name = f"{ref.__module__}.{ref.__qualname__}"
-        kind = "library cache" if _is_library(ref.__module__) else "class attribute"
+        kind = LIBRARY if _is_library(ref.__module__) else "class attribute"
         _root(target, _render(name, [step, *node.steps]), kind, note)
         return None
     return _Node(ref, [step, *node.steps], target, through)
@@ -515,7 +577,7 @@ def _saved_by_graphs(
                     continue
                 target = targets.get(fact[0])
                 if target is None:
-                    target = targets[fact[0]] = _Target(saved, fact[1], fact[2])
+                    target = targets[fact[0]] = _Target(saved, fact[0], fact[1], fact[2])
                 if target.path and not target.kind.startswith("C++"):
                     continue
                 _graph_root(owner, target, f"{where}.{name}", objects)
@@ -530,7 +592,7 @@ def _saved_by_graphs(
 
 def _graph_root(owner: object, target: _Target, where: str, objects: Sequence[object]) -> None:
     """The saved tensor is held by ``owner``'s graph: find who holds the owner."""
-    probe = _Target(owner, 0, target.device)
+    probe = _Target(owner, target.key, 0, target.device)
     _walk_up([probe], [])
     held_by = probe.path or "a tensor that the walk could not place"
     target.path = f"{held_by}{where}"

@@ -442,11 +442,14 @@ def attribute(
     wanted = set(devices)
     found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
     blocks = [b for b in found if b.device in wanted]
-    stacks = group_by_stack(blocks, FrameFilter.default().is_user, outermost=outermost)
-    return stacks, holders_of(blocks)
+    is_user = FrameFilter.default().is_user
+    stacks = group_by_stack(blocks, is_user, outermost=outermost)
+    return stacks, holders_of(blocks, is_user)
 
 
-def holders_of(blocks: Sequence[Block]) -> HolderScan:
+def holders_of(
+    blocks: Sequence[Block], is_user: Callable[[str], bool] = lambda filename: True
+) -> HolderScan:
     """Who holds the live tensors whose storage lies in ``blocks`` (a walk of the whole
     heap: for tests already judged leaking only); see :func:`find_block_holders`."""
 
@@ -456,7 +459,7 @@ def holders_of(blocks: Sequence[Block]) -> HolderScan:
 
     objects = gc.get_objects()
     try:
-        return find_block_holders(objects, blocks, facts)
+        return find_block_holders(objects, blocks, facts, is_user)
     finally:
         del objects
 

@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 import torch
 
-from gpumagic.stacks import Block
-from pytest_cuda.leak_holders import UNSHOWN, HolderScan, find_block_holders, find_holders
+from gpumagic.stacks import Block, Frame, blocks_from_segments
+from pytest_cuda.leak_holders import (
+    GRAPH_POOL,
+    LIBRARY,
+    UNSHOWN,
+    HolderScan,
+    find_block_holders,
+    find_holders,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -258,3 +265,55 @@ def test_when_no_tensor_shows_any_block_the_holder_line_says_it_once() -> None:
     assert [h.kind for h in found.holders] == [UNSHOWN]
     assert "no Python tensor object shows the leaked blocks" not in found.notes
     assert found.first() is None
+
+
+TORCH_FRAME = Frame("/venv/lib/python3.12/site-packages/torch/nn/modules/rnn.py", 1123, "forward")
+USER_FRAME = Frame("/home/me/project/test_model.py", 12, "test_lstm")
+
+
+def is_user(filename: str) -> bool:
+    return "site-packages" not in filename
+
+
+def test_a_tensor_only_a_cuda_graph_pool_keeps_is_a_library_cache() -> None:
+    # Reachable by no root (a cycle stands in for torch's C++ side): its block lies in
+    # a CUDA graph's private pool, so torch's graphs keep it by design.
+    blob = Blob(16)
+    cycle: list[Any] = [blob]
+    cycle.append(cycle)
+    block = Block(0, id(blob) - 8, 1024, 16, (USER_FRAME,), private_pool=True)
+    del blob, cycle
+    objects = gc.get_objects()
+    found = find_block_holders(objects, [block], blob_facts, is_user)
+    del objects
+    assert [(h.path, h.kind, h.nbytes) for h in found.holders] == [(GRAPH_POOL, LIBRARY, 16)]
+    assert found.found == 1024
+    gc.collect()
+
+
+def test_a_block_a_library_call_allocated_and_no_tensor_shows_is_that_librarys() -> None:
+    # cuDNN's dropout state: allocated inside torch's LSTM, kept in C++.
+    library = Block(0, 1 << 60, 2 << 20, 2 << 20, (TORCH_FRAME, USER_FRAME))
+    user = Block(0, 1 << 61, 512, 512, (USER_FRAME,))
+    objects = gc.get_objects()
+    found = find_block_holders(objects, [library, user], blob_facts, is_user)
+    del objects
+    assert [(h.path, h.kind, h.nbytes) for h in found.holders] == [
+        (
+            "the C++ side of the library call at torch/nn/modules/rnn.py:1123 in forward",
+            LIBRARY,
+            2 << 20,
+        ),
+        ("1 block that no Python tensor shows", UNSHOWN, 512),
+    ]
+    assert found.found == 2 << 20
+
+
+def test_segments_in_a_private_pool_give_private_blocks() -> None:
+    block = {"state": "active_allocated", "address": 4096, "size": 512, "requested_size": 16}
+    segments = [
+        {"device": 0, "segment_pool_id": (0, 0), "blocks": [block]},
+        {"device": 0, "segment_pool_id": (1, 3), "blocks": [{**block, "address": 8192}]},
+        {"device": 0, "blocks": [{**block, "address": 16384}]},
+    ]
+    assert [b.private_pool for b in blocks_from_segments(segments)] == [False, True, False]
