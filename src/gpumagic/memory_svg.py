@@ -66,12 +66,18 @@ def timeline_svg(timeline: Timeline, label: str) -> str:
     def y(v: int) -> float:
         return bottom - PLOT_HEIGHT * v / scale_top
 
+    # One step per point (memory holds its value until the next event).
     points = envelope(values, plot_width)
     lines = envelope(reserved, plot_width)
-    step = plot_width / max(1, len(points) - 1)
+    step = plot_width / len(points)
 
     def x(i: int) -> float:
         return PLOT_LEFT + i * step
+
+    def steps(series: list[int]) -> str:
+        return " ".join(
+            f"{x(i):.1f},{y(v):.1f} {x(i + 1):.1f},{y(v):.1f}" for i, v in enumerate(series)
+        )
 
     # Axes and the scale.
     parts.append(
@@ -92,22 +98,22 @@ def timeline_svg(timeline: Timeline, label: str) -> str:
         f"text-anchor='middle'>{_e(axis)} →</text>"
     )
     # Allocated (area) and reserved (dashed line).
-    outline = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(points))
-    area = f"{PLOT_LEFT},{bottom} {outline} {x(len(points) - 1):.1f},{bottom}"
+    outline = steps(points)
+    area = f"{PLOT_LEFT},{bottom} {outline} {PLOT_RIGHT},{bottom}"
     parts.append(
         f"<polygon points='{area}' fill='{ALLOCATED}' fill-opacity='0.35' stroke='none'>"
         "<title>allocated</title></polygon>"
         f"<polyline points='{outline}' fill='none' stroke='{ALLOCATED}' stroke-width='1.5'/>"
     )
-    dashed = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(lines))
+    dashed = steps(lines)
     parts.append(
         f"<polyline points='{dashed}' fill='none' stroke='currentColor' "
         "stroke-opacity='0.7' stroke-dasharray='4 3' stroke-width='1'>"
         "<title>reserved by torch's allocator</title></polyline>"
     )
     # The peak.
-    peak_at = timeline.peak_index * (len(points) - 1) // max(1, len(values) - 1)
-    px, py = x(peak_at), y(timeline.peak)
+    peak_at = timeline.peak_index * len(points) // len(values)
+    px, py = x(peak_at) + step / 2, y(timeline.peak)
     parts.append(
         f"<line x1='{px:.1f}' y1='{py:.1f}' x2='{px:.1f}' y2='{bottom}' stroke='{PEAK}' "
         "stroke-dasharray='2 2'/>"
@@ -119,9 +125,9 @@ def timeline_svg(timeline: Timeline, label: str) -> str:
         "</text>"
     )
     # The bar at the peak and its legend.
-    shown = list(reversed(bands(timeline)))  # before the cell at the bottom
+    shown = bands(timeline)  # largest line first, before the cell last
     level = 0
-    for index, band in enumerate(shown):
+    for index, band in reversed(list(enumerate(shown))):  # stacked from the bottom
         top_y, low_y = y(level + band.nbytes), y(level)
         level += band.nbytes
         opacity = "0.3" if band.label == BEFORE_CELL else "0.85"
@@ -136,8 +142,8 @@ def timeline_svg(timeline: Timeline, label: str) -> str:
         f"<text x='{LEGEND_LEFT}' y='{TOP - 8}' font-weight='600'>live at the peak, "
         "by line</text>"
     )
-    for row, (index, band) in enumerate(reversed(list(enumerate(shown)))):
-        row_y = TOP + 4 + row * ROW
+    for index, band in enumerate(shown):
+        row_y = TOP + 4 + index * ROW
         opacity = "0.3" if band.label == BEFORE_CELL else "0.85"
         text = band.title.rsplit(" · ", 1)[0]
         parts.append(

@@ -5,7 +5,8 @@ reserved, monotone peaks until reset), NVML figures derived from them (context +
 reserved for this process, other processes, driver reservation), and, while
 "recording", the Python stack of each allocation so ``--trace`` can be exercised with
 real IPython cell files. With events on (``--timeline``, or a user's recording with
-``user_events``) it keeps torch's ring of allocator events too. The real seam is exercised by the ``cuda``-marked tests.
+``user_events``) it keeps torch's ring of allocator events too. The real seam is
+exercised by the ``cuda``-marked tests.
 
 Only gpumagic's memory modules see the fake (their ``cuda`` attribute is replaced by a
 :class:`Seam`); other plugins of the test session keep asking the real seam.
