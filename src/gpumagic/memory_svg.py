@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 
 __all__ = ["timeline_svg"]
 
-WIDTH = 760
+WIDTH = 840
 PLOT_LEFT, PLOT_RIGHT = 70, 440  # the area chart
 BAR_LEFT, BAR_WIDTH = 462, 22  # the bar of the peak, on the chart's scale
 LEGEND_LEFT = 500
 TOP, PLOT_HEIGHT = 26, 150
 ROW = 17  # legend row height
-LABEL_CHARS = 42  # legend text is cut here; the hover title has all of it
+LABEL_CHARS = 44  # legend text is cut here; the hover title has all of it
 
 ALLOCATED = "#4c78a8"
 PEAK = "#e45756"
@@ -101,7 +101,7 @@ def timeline_svg(timeline: Timeline, label: str) -> str:
     outline = steps(points)
     area = f"{PLOT_LEFT},{bottom} {outline} {PLOT_RIGHT},{bottom}"
     parts.append(
-        f"<polygon points='{area}' fill='{ALLOCATED}' fill-opacity='0.35' stroke='none'>"
+        f"<polygon points='{area}' fill='{ALLOCATED}' fill-opacity='0.45' stroke='none'>"
         "<title>allocated</title></polygon>"
         f"<polyline points='{outline}' fill='none' stroke='{ALLOCATED}' stroke-width='1.5'/>"
     )
