@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
 __all__ = [
+    "BEFORE_CELL",
     "TIMELINE_MAX_ENTRIES",
     "Band",
     "Timeline",
