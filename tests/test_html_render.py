@@ -73,7 +73,8 @@ const out = {texts: 0, invisible: [], low_contrast: [], min_contrast: 99,
              height: Math.ceil(box.bottom) + 16};
 for (const el of document.querySelectorAll('#output *')) {
   const own = [...el.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim());
-  if (!own.length || ['STYLE', 'SCRIPT', 'TEMPLATE'].includes(el.tagName)) continue;
+  // An SVG <title> is the hover text of its parent shape, never drawn itself.
+  if (!own.length || ['STYLE', 'SCRIPT', 'TEMPLATE', 'title'].includes(el.tagName)) continue;
   const text = own.map(n => n.textContent.trim()).join(' ').slice(0, 60);
   const style = getComputedStyle(el);
   const rect = el.getBoundingClientRect();

@@ -3,17 +3,21 @@
 Allocated delta, the exact peak from the allocator's own counter (reset only when the
 user's earlier peak would hide the cell's, and then said so), reserved growth, and with
 ``--trace`` the lines that allocated what is still alive after the cell (from the
-allocator's recorded allocation stacks, read through :mod:`gpumagic.stacks`).
+allocator's recorded allocation stacks, read through :mod:`gpumagic.stacks`), and with
+``--timeline`` the memory over the cell from the allocator's event history (read
+through :mod:`gpumagic.memory_timeline`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
 from gpumagic.memory import PeakReset
+from gpumagic.memory_timeline import TIMELINE_MAX_ENTRIES, Timeline, build_timeline
 from gpumagic.stacks import TraceLine, blocks_from_segments, group_by_line
 
 if TYPE_CHECKING:
@@ -105,6 +109,7 @@ class CellMemoryReport:
     label: str
     changes: tuple[CellDeviceChange, ...] = ()
     trace: tuple[TraceLine, ...] | None = None
+    timelines: tuple[Timeline, ...] | None = None
     initialized_by_cell: bool = False
     notes: tuple[str, ...] = ()
     unavailable: str | None = None
@@ -125,13 +130,16 @@ class CellMeter:
     is reset then (the report says so and keeps the peak from before) unless
     ``keep_peak``, which reports an upper bound instead. With ``trace``, allocation
     stacks are recorded during the cell and switched off again afterwards (when the
-    user was already recording, their settings are left alone).
+    user was already recording, their settings are left alone). ``timeline`` records
+    the allocator's events as well (``enabled="all"``, stacks at allocation only), the
+    same way; a recording of the user's is read as it is, and kept.
     """
 
     devices: tuple[DeviceInfo, ...]
     label: str
     keep_peak: bool = False
     trace: bool = False
+    timeline: bool = False
     pid: int = field(default_factory=os.getpid)
     _start: dict[int, AllocatorStats] = field(default_factory=dict)
     _process: dict[int, int | None] = field(default_factory=dict)
@@ -139,13 +147,14 @@ class CellMeter:
     _initialized: bool = False
     _recording: bool = False
     _user_recording: bool = False
+    _start_us: int = 0
     _notes: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         """Read the counters (and reset peaks where needed) just before the cell."""
         self._initialized = cuda.is_initialized()
-        if self.trace:
-            self._start_trace()
+        if self.trace or self.timeline:
+            self._start_history()
         for device in self.devices:
             counters = cuda.allocator_stats(device.index)
             self._process[device.index] = self._own_process(device)
@@ -154,12 +163,28 @@ class CellMeter:
                 self._resets[device.index] = counters.peak_allocated
             self._start[device.index] = counters
 
-    def _start_trace(self) -> None:
+    def _options(self) -> str:
+        return " and ".join(
+            name for name, on in (("--trace", self.trace), ("--timeline", self.timeline)) if on
+        )
+
+    def _start_history(self) -> None:
+        options = self._options()
+        self._start_us = time.time_ns() // 1000
         try:
-            self._recording = cuda.start_memory_history(TRACE_MAX_ENTRIES)
+            if self.timeline:
+                # One stack per allocation, none per free; a free is kept once (when
+                # the allocated bytes drop), not again when its block is reusable.
+                self._recording = cuda.start_memory_history(
+                    TIMELINE_MAX_ENTRIES, events=True, skip_actions=("free_completed",)
+                )
+            else:
+                self._recording = cuda.start_memory_history(TRACE_MAX_ENTRIES)
         except (RuntimeError, cuda.CudaUnavailable) as exc:
-            self.trace = False
-            self._notes.append(f"--trace is unavailable here: {exc}")
+            self.trace = self.timeline = False
+            self._notes.append(
+                f"{options} {'is' if ' ' not in options else 'are'} unavailable here: {exc}"
+            )
             return
         self._user_recording = not self._recording
         if self._user_recording:
@@ -170,7 +195,8 @@ class CellMeter:
         if not self._initialized and cuda.is_initialized():
             self._initialized = True
             self._notes.append(
-                "--trace initialised CUDA before the cell ran (recording needs torch's allocator)"
+                f"{options} initialised CUDA before the cell ran (recording needs torch's "
+                "allocator)"
             )
 
     def _own_process(self, device: DeviceInfo) -> int | None:
@@ -192,10 +218,13 @@ class CellMeter:
         allocated by line (``cell_files``: the cell's own source files)."""
         trace: tuple[TraceLine, ...] | None = None
         notes = list(self._notes)
+        snapshot: dict[str, Any] = {}
         try:
+            if self.trace or self.timeline:
+                snapshot = cuda.memory_snapshot()
             if self.trace:
                 blocks = blocks_from_segments(
-                    cuda.memory_snapshot().get("segments") or (), {d.index for d in self.devices}
+                    snapshot.get("segments") or (), {d.index for d in self.devices}
                 )
                 trace = group_by_line(
                     blocks,
@@ -233,14 +262,75 @@ class CellMeter:
                     process_end=self._own_process(device),
                 )
             )
+        timelines = None
+        if self.timeline:
+            timelines = self._timelines(
+                snapshot,
+                changes,
+                cell_files=cell_files,
+                is_user=is_user,
+                where=where,
+                source=source,
+            )
+            notes.extend(self._timeline_notes(timelines))
         initialized_by_cell = not self._initialized and cuda.is_initialized()
         return CellMemoryReport(
             label=self.label,
             changes=tuple(changes),
             trace=trace,
+            timelines=timelines,
             initialized_by_cell=initialized_by_cell,
             notes=tuple(notes),
         )
+
+    def _timelines(
+        self,
+        snapshot: dict[str, Any],
+        changes: list[CellDeviceChange],
+        **attribution: Any,
+    ) -> tuple[Timeline, ...]:
+        traces = snapshot.get("device_traces") or ()
+        found: list[Timeline] = []
+        for change in changes:
+            events = traces[change.index] if change.index < len(traces) else ()
+            if not events and found:
+                continue
+            found.append(
+                build_timeline(
+                    events,
+                    device=change.index,
+                    start_allocated=change.start.requested,
+                    start_reserved=change.start.reserved,
+                    end_allocated=change.end.requested,
+                    # Our own recording started with an empty ring: all of it is the
+                    # cell's. A recording of the user's holds events from before.
+                    start_us=self._start_us if self._user_recording else None,
+                    only_cell=self._user_recording,
+                    **attribution,
+                )
+            )
+        # The devices the cell used; the first one when it used none.
+        return tuple(t for t in found if t.events) or tuple(found[:1])
+
+    def _timeline_notes(self, timelines: tuple[Timeline, ...]) -> list[str]:
+        notes = []
+        for timeline in timelines:
+            if timeline.complete:
+                continue
+            if self._user_recording:
+                why = (
+                    "your own _record_memory_history settings (kept) record too few "
+                    "events for it; record with enabled='all' and a larger max_entries"
+                )
+            else:
+                why = f"the allocator keeps its last {TIMELINE_MAX_ENTRIES:,} events"
+            notes.append(
+                f"cuda:{timeline.device}: the timeline misses the start of the cell ({why}); "
+                "it shows the last "
+                f"{timeline.events:,} events, and memory allocated before them counts as "
+                "allocated before the cell"
+            )
+        return notes
 
     @property
     def resets(self) -> tuple[PeakReset, ...]:

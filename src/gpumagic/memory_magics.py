@@ -97,6 +97,14 @@ class GpuMemMagics(Magics):
         "cell).",
     )
     @argument(
+        "--timeline",
+        action="store_true",
+        help="%%%%gpumem only: draw allocated memory over the cell (torch's allocator "
+        "events, recorded only during the cell; reserved as a dashed line), mark the peak "
+        "and split what was live at the peak by the line that allocated it; in a terminal "
+        "a one-line sparkline and that table. -o gives the data (to_dict()['timeline']).",
+    )
+    @argument(
         "--keep-peak",
         action="store_true",
         help="%%%%gpumem and watch: never reset the allocator's peak counters; when your "
@@ -124,7 +132,8 @@ class GpuMemMagics(Magics):
         of reserved memory. The peak counters are reset before the cell only when an
         earlier, higher peak would hide the cell's; the report then says so
         (``--keep-peak`` never resets). ``--trace`` adds the lines that allocated what
-        is still alive at the end.
+        is still alive at the end; ``--timeline`` draws the memory over the cell with
+        the lines behind its peak.
 
         ``%gpumem watch`` prints one such line after every cell; ``%gpumem off`` stops.
 
@@ -138,6 +147,10 @@ class GpuMemMagics(Magics):
 
             %%gpumem --trace
             y = model(x)
+
+            %%gpumem --timeline
+            loss = model(x).sum()
+            loss.backward()
         """
         args = parse_argstring(self.gpumem, line)
         try:
@@ -151,11 +164,12 @@ class GpuMemMagics(Magics):
     # -- %gpumem ---------------------------------------------------------------
 
     def _line(self, args: Any) -> Any:
-        if args.trace:
-            raise UsageError(
-                "--trace is an option of the cell magic: put %%gpumem --trace "
-                "on the first line of the cell"
-            )
+        for option, on in (("--trace", args.trace), ("--timeline", args.timeline)):
+            if on:
+                raise UsageError(
+                    f"{option} is an option of the cell magic: put %%gpumem {option} "
+                    "on the first line of the cell"
+                )
         if args.action == "off":
             self._check_alone(args, "off", allowed=())
             self._stop_watch(say=True)
@@ -233,7 +247,7 @@ class GpuMemMagics(Magics):
         if misplaced:
             what = "is an option" if len(misplaced) == 1 else "are options"
             raise UsageError(
-                "%%gpumem takes --trace, --keep-peak, --device and -o; "
+                "%%gpumem takes --trace, --timeline, --keep-peak, --device and -o; "
                 f"{', '.join(misplaced)} {what} of the line magic %gpumem"
             )
         label = f"In[{cell_number(self._shell)}]"
@@ -248,9 +262,9 @@ class GpuMemMagics(Magics):
         else:
             devices = self._devices(status, args.device)
             meter = memory_cell.CellMeter(
-                devices, label, keep_peak=args.keep_peak, trace=args.trace
+                devices, label, keep_peak=args.keep_peak, trace=args.trace, timeline=args.timeline
             )
-            files_before = set(linecache.cache) if args.trace else set()
+            files_before = set(linecache.cache) if args.trace or args.timeline else set()
             meter.start()
             failure: BaseException | None = None
             try:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import memory, memory_cell, memory_text
+from gpumagic.memory_svg import timeline_svg
+from gpumagic.memory_timeline import peak_rows
 from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
@@ -154,6 +156,20 @@ def cell_report_html(report: memory_cell.CellMemoryReport) -> str:
             parts.append(_table(rows, numeric=(0, 1), header=("size", "blocks", "line")))
         else:
             parts.append("<div>(nothing allocated in this cell is still alive)</div>")
+    for timeline in report.timelines or ():
+        label = f"cuda:{timeline.device}"
+        parts.append(
+            f"<div style='font-weight:600;margin-top:6px'>Timeline {_e(label)}: allocated "
+            f"memory over the cell ({timeline.events} allocator events)</div>"
+        )
+        parts.append(timeline_svg(timeline, label))
+        rows = peak_rows(timeline)
+        if rows:
+            parts.append(
+                "<div style='margin-top:2px'>At the peak "
+                f"({_e(format_bytes(timeline.peak))}), by line:</div>"
+            )
+            parts.append(_table(rows, numeric=(0, 1), header=("size", "blocks", "line")))
     parts.append(_notes(memory_text.cell_notes(report)))
     parts.append("</div>")
     return "".join(parts)
@@ -247,7 +263,9 @@ class GpuMemResult:
 @dataclass(frozen=True)
 class CellMemResult:
     """What ``%%gpumem -o`` returns: the cell's change per device (allocated, exact
-    peak, reserved, this process), and with ``--trace`` the lines behind what is left."""
+    peak, reserved, this process), with ``--trace`` the lines behind what is left, and
+    with ``--timeline`` the memory over the cell (``to_dict()["timeline"]``: one entry
+    per device, see :meth:`~gpumagic.memory_timeline.Timeline.to_dict`)."""
 
     report: memory_cell.CellMemoryReport
 
@@ -293,6 +311,9 @@ class CellMemResult:
                 }
                 for t in report.trace
             ],
+            "timeline": None
+            if report.timelines is None
+            else [t.to_dict() for t in report.timelines],
             "notes": memory_text.cell_notes(report),
         }
 

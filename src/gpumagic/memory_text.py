@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpumagic.memory import CONTEXT_NOTE
+from gpumagic.memory_timeline import timeline_lines
 from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
@@ -302,6 +303,8 @@ def format_cell_report(report: CellMemoryReport) -> str:
         )
     if report.trace is not None:
         lines.extend(_trace_lines(report.trace))
+    for timeline in report.timelines or ():
+        lines.extend(timeline_lines(timeline, f"cuda:{timeline.device}"))
     lines.extend(f"note: {n}" for n in cell_notes(report))
     return "\n".join(lines)
 

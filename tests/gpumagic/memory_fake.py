@@ -4,7 +4,9 @@ It keeps allocator counters the way torch's caching allocator does (allocated,
 reserved, monotone peaks until reset), NVML figures derived from them (context +
 reserved for this process, other processes, driver reservation), and, while
 "recording", the Python stack of each allocation so ``--trace`` can be exercised with
-real IPython cell files. The real seam is exercised by the ``cuda``-marked tests.
+real IPython cell files. With events on (``--timeline``, or a user's recording with
+``user_events``) it keeps torch's ring of allocator events too. The real seam is
+exercised by the ``cuda``-marked tests.
 
 Only gpumagic's memory modules see the fake (their ``cuda`` attribute is replaced by a
 :class:`Seam`); other plugins of the test session keep asking the real seam.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda, memory, memory_cell, memory_holders, memory_magics
@@ -67,6 +70,10 @@ class FakeGpu:
         self.recording = False
         self.user_recording = False
         self.history_starts = 0
+        self.history_settings: dict[str, Any] = {}
+        self.user_events = False  # the user's recording keeps events (enabled="all")
+        self.user_max_entries = 1_000_000
+        self.events: dict[int, list[dict[str, Any]]] = {i: [] for i in range(n)}
         self.blocks: dict[int, tuple[int, int, list[dict[str, Any]]]] = {}
         self.touched: set[int] = set()  # devices with a context
         self._next_address = 1
@@ -104,6 +111,8 @@ class FakeGpu:
         c["allocated"] += nbytes
         c["requested"] += nbytes
         c["peak_allocated"] = max(c["peak_allocated"], c["allocated"])
+        if c["allocated"] > c["reserved"]:
+            self._event("segment_alloc", device, 0, c["allocated"] - c["reserved"], [])
         c["reserved"] = max(c["reserved"], c["allocated"])
         c["peak_reserved"] = max(c["peak_reserved"], c["reserved"])
         address = self._next_address
@@ -121,12 +130,39 @@ class FakeGpu:
                 )
                 frame = frame.f_back  # type: ignore[assignment]
         self.blocks[address] = (device, nbytes, frames)
+        self._event("alloc", device, address, nbytes, frames)
         return address
 
     def free(self, address: int) -> None:
-        device, nbytes, _ = self.blocks.pop(address)
+        device, nbytes, frames = self.blocks.pop(address)
         self.counters[device]["allocated"] -= nbytes
         self.counters[device]["requested"] -= nbytes
+        self._event("free_requested", device, address, nbytes, frames)
+        self._event("free_completed", device, address, nbytes, frames)
+
+    def _event(
+        self, action: str, device: int, address: int, nbytes: int, frames: list[dict[str, Any]]
+    ) -> None:
+        if self.recording:
+            settings = self.history_settings
+            if not settings["events"] or action in settings["skip_actions"]:
+                return
+            limit = settings["max_entries"]
+        elif self.user_recording and self.user_events:
+            limit = self.user_max_entries
+        else:
+            return
+        ring = self.events[device]
+        ring.append(
+            {
+                "action": action,
+                "addr": address,
+                "size": nbytes,
+                "frames": frames,
+                "time_us": time.time_ns() // 1000,
+            }
+        )
+        del ring[:-limit]
 
     def allocator_stats(self, device: int) -> cuda.AllocatorStats:
         if not self.initialized:
@@ -170,19 +206,27 @@ class FakeGpu:
 
     # -- allocation stacks -------------------------------------------------------------
 
-    def start_history(self, max_entries: int, *, events: bool = False) -> bool:
-        assert not events, "%%gpumem --trace needs the stacks of live blocks only"
+    def start_history(
+        self, max_entries: int, *, events: bool = False, skip_actions: tuple[str, ...] = ()
+    ) -> bool:
         assert 0 < max_entries < 1_000_000, "the ring buffer must be bounded"
         self.initialized = True
         if self.user_recording:
             return False
         self.history_starts += 1
+        self.history_settings = {
+            "max_entries": max_entries,
+            "events": events,
+            "skip_actions": skip_actions,
+        }
         self.recording = True
         return True
 
     def stop_history(self) -> None:
         assert self.recording, "stopped a recording gpumagic did not start"
         self.recording = False
+        for ring in self.events.values():
+            ring.clear()  # as torch does when recording stops
 
     def snapshot(self) -> dict[str, Any]:
         segments = [
@@ -192,7 +236,10 @@ class FakeGpu:
             }
             for device, nbytes, frames in self.blocks.values()
         ]
-        return {"segments": segments, "device_traces": []}
+        return {
+            "segments": segments,
+            "device_traces": [list(self.events[i]) for i in range(len(self.devices))],
+        }
 
 
 _NAMES = (

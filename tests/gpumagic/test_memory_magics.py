@@ -90,6 +90,7 @@ def test_without_cuda_watch_has_nothing_to_watch(
         ("--top many", "invalid int value"),
         ("--top 0", "--top takes a positive number of tensors, not 0"),
         ("--trace", "--trace is an option of the cell magic"),
+        ("--timeline", "--timeline is an option of the cell magic"),
         ("--keep-peak", "--keep-peak applies to %%gpumem and %gpumem watch"),
         ("sideways", "invalid choice: 'sideways'"),
         ("watch --top 3", "%gpumem watch takes --device and --keep-peak, not --top"),
@@ -144,7 +145,15 @@ def test_usage_errors_in_a_cell_are_shown_not_raised(
 
 def test_the_help_documents_the_options(shell: InteractiveShell) -> None:
     doc = shell.find_magic("gpumem").__doc__
-    for option in ("--top N", "--gc", "--empty-cache", "--device D", "--trace", "--keep-peak"):
+    for option in (
+        "--top N",
+        "--gc",
+        "--empty-cache",
+        "--device D",
+        "--trace",
+        "--timeline",
+        "--keep-peak",
+    ):
         assert option in doc
     assert "watch" in doc
     assert "never creates a CUDA context" in doc

@@ -171,7 +171,9 @@ def memory_history_enabled() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-def start_memory_history(max_entries: int, *, events: bool = False) -> bool:
+def start_memory_history(
+    max_entries: int, *, events: bool = False, skip_actions: tuple[str, ...] = ()
+) -> bool:
     """Record the Python stack of every allocation from now on, unless recording is on.
 
     One stack capture per allocation, none per free (``stacks="python"``), in a ring
@@ -179,6 +181,10 @@ def start_memory_history(max_entries: int, *, events: bool = False) -> bool:
     only (``"state"``: what ``%%gpumem --trace`` reads); ``events=True``: also the ring
     of allocator events with their times (``"all"``, ``context="alloc"``), which tells a
     leak check which live blocks are new.
+
+    ``skip_actions``: events the ring need not keep (``"free_completed"``: a free is
+    already in the ring as ``"free_requested"``, when the allocated bytes drop); a torch
+    without that option keeps them all.
 
     ``True`` when this call turned recording on (turn it off with
     :func:`stop_memory_history`); ``False`` when it was on already: the user's own
@@ -190,9 +196,21 @@ def start_memory_history(max_entries: int, *, events: bool = False) -> bool:
     if torch._C._cuda_isHistoryEnabled():
         return False
     enabled, context = ("all", "alloc") if events else ("state", "state")
-    torch.cuda.memory._record_memory_history(
-        enabled, context=context, stacks="python", max_entries=max_entries
-    )
+    record = torch.cuda.memory._record_memory_history
+    if skip_actions:
+        try:
+            record(
+                enabled,
+                context=context,
+                stacks="python",
+                max_entries=max_entries,
+                skip_actions=list(skip_actions),
+            )
+        except TypeError:  # torch without skip_actions: the ring keeps every event
+            pass
+        else:
+            return True
+    record(enabled, context=context, stacks="python", max_entries=max_entries)
     return True
 
 
