@@ -97,7 +97,7 @@ def _number(value: float) -> str:
 
 # The chart's geometry, in SVG user units (pixels at 100 %).
 WIDTH, HEIGHT = 300, 190
-LEFT, RIGHT, TOP, BOTTOM = 40, 10, 16, 34
+LEFT, RIGHT, TOP, BOTTOM = 40, 16, 20, 34
 
 
 def _decades(low: float, high: float) -> tuple[int, int]:
@@ -153,7 +153,7 @@ def roofline_svg(line: Roofline) -> str:
         f"{line.bound}"
     )
     anchor = "end" if px > LEFT + plot_w * 0.6 else "start"
-    dx = -7 if anchor == "end" else 7
+    dx = -10 if anchor == "end" else 10
     return (
         f'<svg class="gpumagic-roofline" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{label}" '
@@ -170,7 +170,7 @@ def roofline_svg(line: Roofline) -> str:
         f'<text x="2" y="10">FLOP/s</text></g>'
         f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4.5" style="fill-opacity:0.85;stroke:none"/>'
         f'<circle cx="{px:.1f}" cy="{py:.1f}" r="8" style="fill:none;stroke-width:1.2"/>'
-        f'<text x="{px + dx:.1f}" y="{py - 9:.1f}" text-anchor="{anchor}" '
+        f'<text x="{px + dx:.1f}" y="{py - 10:.1f}" text-anchor="{anchor}" '
         f'style="stroke:none">{html.escape(format_rate(line.achieved, "FLOP/s"))}</text>'
         f'<text x="{x(ridge) + 3:.1f}" y="{TOP + 11}" style="stroke:none">ridge</text>'
         f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle" '
@@ -180,7 +180,7 @@ def roofline_svg(line: Roofline) -> str:
 
 
 def _power(d: int) -> str:
-    return f"{10.0**d:g}" if -2 <= d <= 4 else f"1e{d}"
+    return f"{10.0**d:g}" if -2 <= d <= 3 else f"1e{d}"
 
 
 def _flops_tick(d: int) -> str:
