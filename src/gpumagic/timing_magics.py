@@ -32,6 +32,7 @@ from gpumagic.timing import (
     settle,
     time_cuda,
 )
+from gpumagic.timing_counts import SETUP_NOTE
 from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
@@ -140,12 +141,22 @@ class CudaTimeMagics(Magics):
         "lines (torch.cuda.set_sync_debug_mode)",
     )
     @argument(
-        "--flops", metavar="N", help="FLOPs per loop, e.g. 2*4096**3: shows FLOP/s and %% of peak"
+        "--flops",
+        metavar="N",
+        help="FLOPs per loop, e.g. 2*4096**3 (default: counted): shows FLOP/s and %% of peak",
     )
     @argument(
         "--bytes",
         metavar="N",
-        help="bytes moved per loop, e.g. 512MiB: shows B/s and %% of the DRAM peak",
+        help="bytes moved per loop, e.g. 512MiB (default: counted): shows B/s and %% of "
+        "the DRAM peak",
+    )
+    @argument(
+        "--no-count",
+        dest="no_count",
+        action="store_true",
+        help="skip the extra, untimed call that counts FLOPs and bytes (torch's "
+        "FlopCounterMode) for the roofline",
     )
     @argument(
         "--device", metavar="DEVICE", help="device to time on: 0, cuda:1, or cpu for host timing"
@@ -174,8 +185,12 @@ class CudaTimeMagics(Magics):
         device with a context (work on side streams counts). It warms up until steady,
         reports the first call separately, and stops when the spread of the runs is
         below 1 % of their median or the budget is spent. Ctrl-C returns what was
-        measured so far. Without a GPU it times on the host like %timeit and says so.
-        Names assigned in the body stay local to it, as with %timeit.
+        measured so far. Then one more call, outside every timed number, counts the
+        FLOPs (torch's FlopCounterMode) and the bytes each op reads and writes, for
+        FLOP/s, B/s, % of the device's peak and a roofline verdict (--no-count skips
+        it; --flops and --bytes set the figures instead). Without a GPU it times on
+        the host like %timeit and says so. Names assigned in the body stay local to
+        it, as with %timeit.
 
         Examples::
 
@@ -226,6 +241,8 @@ class CudaTimeMagics(Magics):
         except Exception as exc:
             show_from(exc, filename, shell)
             raise
+        if setup.strip() and (result.flops_counted or result.bytes_counted):
+            result.notes.append(SETUP_NOTE)
         if not args.quiet:
             display(result)
         if args.variable:
@@ -361,6 +378,7 @@ def _options(args: argparse.Namespace) -> TimingOptions:
             host_only=host_only,
             flops=None if args.flops is None else parse_amount(args.flops),
             bytes=None if args.bytes is None else parse_amount(args.bytes, sizes=True),
+            count=not args.no_count,
         )
     except ValueError as exc:
         raise UsageError(f"%cudatime: {exc}") from None

@@ -75,6 +75,7 @@ class TimingOptions:
     host_only: bool = False
     flops: float | None = None
     bytes: float | None = None
+    count: bool = True
 
     def __post_init__(self) -> None:
         for name, low in (("loops", 1), ("repeat", 1), ("warmup", 0), ("precision", 1)):

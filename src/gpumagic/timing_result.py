@@ -15,7 +15,8 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.units import format_time, quantile
+from gpumagic.roofline import Roofline
+from gpumagic.units import format_bytes, format_rate, format_time, quantile
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -44,13 +45,6 @@ def _percent(value: float) -> str:
     return f"{value * 100:.0f} %" if value >= 0.1 else f"{value * 100:.1f} %"
 
 
-def _rate(value: float, unit: str) -> str:
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if value >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
-
-
 @dataclass(frozen=True)
 class KernelStat:
     """One GPU kernel (or copy/memset) as CUPTI saw it, per loop of the body."""
@@ -73,6 +67,11 @@ class SyncSite:
 @dataclass
 class CudaTimeResult:
     """The outcome of one ``%cudatime`` run.
+
+    ``flops`` and ``bytes`` are the work per loop: given (``--flops``, ``--bytes``) or
+    counted in one extra, untimed call (``flops_counted``, ``bytes_counted``; the
+    precision that did most FLOPs in ``flops_dtype``; ops with arithmetic but no FLOP
+    formula in ``not_counted``).
 
     Times are in seconds. ``all_runs`` holds the total of each run (a run is a block of
     ``loops`` back-to-back calls of the body) on the primary clock: CUDA events on the
@@ -110,6 +109,11 @@ class CudaTimeResult:
     peak_flops: float | None = None
     peak_flops_basis: str = ""
     peak_bytes_per_s: float | None = None
+    peak_source: str = ""
+    flops_counted: bool = False
+    bytes_counted: bool = False
+    flops_dtype: str = ""
+    not_counted: list[str] = field(default_factory=list)
     floor: float | None = None
     side_streams: bool = False
     interrupted: bool = False
@@ -194,6 +198,19 @@ class CudaTimeResult:
     def gbps(self) -> float | None:
         """Achieved GB/s from ``--bytes`` and the median time."""
         return self.bytes / self.median / 1e9 if self.bytes and self.median > 0 else None
+
+    @property
+    def roofline(self) -> Roofline | None:
+        """The body on the device's roofline, once its FLOPs and bytes are known."""
+        if self.flops is None or not self.bytes or not self.median > 0:
+            return None
+        return Roofline(self.flops, self.bytes, self.median, self.peak_flops, self.peak_bytes_per_s)
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity: FLOP per byte read and written."""
+        line = self.roofline
+        return line.intensity if line is not None else None
 
     # -- renderings -----------------------------------------------------------------
     def __str__(self) -> str:
@@ -284,22 +301,33 @@ class CudaTimeResult:
     def _throughput_rows(self) -> list[tuple[str, str, str]]:
         out = []
         tflops, gbps = self.tflops, self.gbps
-        if tflops is not None:
-            detail = ""
+        if tflops is not None and self.flops:
+            detail = []
             if self.peak_flops:
-                detail = (
+                detail.append(
                     f"{_percent(tflops * 1e12 / self.peak_flops)} of "
-                    f"{_rate(self.peak_flops, 'FLOP/s')} {self.peak_flops_basis}"
+                    f"{format_rate(self.peak_flops, 'FLOP/s')} {self.peak_flops_basis}"
                 )
-            out.append(("compute", _rate(tflops * 1e12, "FLOP/s"), detail))
-        if gbps is not None:
-            detail = ""
+            elif self.peak_flops_basis:
+                detail.append(self.peak_flops_basis)
+            if self.flops_counted:
+                detail.append(f"{format_rate(self.flops, 'FLOP')} per loop, counted")
+            out.append(("compute", format_rate(tflops * 1e12, "FLOP/s"), " · ".join(detail)))
+        if gbps is not None and self.bytes:
+            detail = []
             if self.peak_bytes_per_s:
-                detail = (
+                detail.append(
                     f"{_percent(gbps * 1e9 / self.peak_bytes_per_s)} of "
-                    f"{_rate(self.peak_bytes_per_s, 'B/s')} DRAM peak"
+                    f"{format_rate(self.peak_bytes_per_s, 'B/s')} DRAM peak"
                 )
-            out.append(("memory", _rate(gbps * 1e9, "B/s"), detail))
+            if self.bytes_counted:
+                detail.append(
+                    f"{format_bytes(self.bytes)} per loop read and written, counted (a lower bound)"
+                )
+            out.append(("memory", format_rate(gbps * 1e9, "B/s"), " · ".join(detail)))
+        line = self.roofline
+        if line is not None:
+            out.append(line.row())
         return out
 
     def text(self) -> str:
@@ -342,7 +370,7 @@ class CudaTimeResult:
             f"<div><b>%cudatime</b>{label} "
             f'<span style="opacity:0.85">· {e(self._header())}</span> {self._sparkline()}</div>'
             f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table>'
-            f"{notes}</div>"
+            f"{self.roofline.svg() if self.roofline else ''}{notes}</div>"
         )
 
     def _sparkline(self) -> str:
@@ -383,6 +411,7 @@ class CudaTimeResult:
             "host_times",
             "tflops",
             "gbps",
+            "intensity",
         ):
             data[name] = getattr(self, name)
         return data

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumagic import cuda
-from gpumagic.peaks import DENSE_BF16_BASIS, dense_bf16_peak
+from gpumagic.timing_counts import count_work, set_peaks
 from gpumagic.timing_plan import (
     MIN_RUNS,
     Body,
@@ -103,6 +103,7 @@ class Timer:
         self.baseline_tail = 0.0
         self.floor = 0.0
         self.began = 0.0
+        self.dram_peak: float | None = None  # what the hardware reports
 
     # -- the body, and telling its exceptions from ours ---------------------------------
     def call(self, n: int) -> None:
@@ -146,7 +147,13 @@ class Timer:
         loops = self._loops(self._host_run, 1, per_loop)
         self.floor = self._host_floor()
         runs = self._runs(self._host_run, loops, primary="host")
-        return Measured(self._result(runs, clock="host", mode="eager", first_call=first_call), runs)
+        result = self._result(runs, clock="host", mode="eager", first_call=first_call)
+        try:
+            self._count(result)
+        except KeyboardInterrupt:
+            self.report.interrupt("while counting FLOPs and bytes")
+            result.interrupted = True
+        return Measured(result, runs)
 
     def _host_floor(self) -> float:
         times = []
@@ -434,6 +441,7 @@ class Timer:
                 self._kernel_pass(result, measure, loops, unroll, flushes)
             if options.sync_check:
                 self._sync_pass(result, loops)
+            self._count(result)
         except KeyboardInterrupt:
             self.report.interrupt("during the optional passes")
         result.interrupted = self.report.interrupted
@@ -495,6 +503,17 @@ class Timer:
             if result.kernel_time > 0:
                 result.cupti_ratio = events / result.kernel_time
 
+    def _count(self, result: CudaTimeResult) -> None:
+        """The counting pass: one more call, after every timed one (outside them all)."""
+        warnings, notes = count_work(lambda: self.call(1), result, self.options)
+        if warnings:
+            self.body_error = None  # reported here, not raised
+        if self.devices:
+            cuda.synchronize(self.devices)
+        set_peaks(result, self.dram_peak)
+        self.report.warnings.extend(warnings)
+        self.report.notes.extend(notes)
+
     def _sync_pass(self, result: CudaTimeResult, loops: int) -> None:
         per_loop = max(result.host_time, 1e-9)
         count = max(1, min(loops, SYNC_CHECK_LOOPS, int(SYNC_CHECK_TARGET / per_loop)))
@@ -552,9 +571,8 @@ class Timer:
             peaks = cuda.device_peaks(self.device)
             result.device_index = self.device
             result.device_name = peaks.name
-            result.peak_flops = dense_bf16_peak(peaks.name)
-            result.peak_flops_basis = DENSE_BF16_BASIS if result.peak_flops else ""
-            result.peak_bytes_per_s = peaks.dram_bytes_per_s
+            self.dram_peak = peaks.dram_bytes_per_s
+            set_peaks(result, self.dram_peak)
         self.report.warnings.extend(warnings_for(result))
         result.warnings = self.report.warnings
         result.notes = self.report.notes

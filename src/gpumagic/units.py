@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "format_bytes",
+    "format_rate",
     "format_time",
     "parse_amount",
     "parse_capability",
@@ -91,6 +92,15 @@ def format_bytes(n: float) -> str:
             return f"{sign}{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def format_rate(value: float, unit: str) -> str:
+    """``6.66e14, "FLOP/s"`` → ``"666 TFLOP/s"``: decimal prefixes, three significant
+    digits (also for counts: ``1.37e11, "FLOP"`` → ``"137 GFLOP"``)."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
 
 
 def quantile(values: Sequence[float], q: float) -> float:

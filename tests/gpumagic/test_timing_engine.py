@@ -127,12 +127,25 @@ def test_host_timing_with_fixed_loops_and_repeat() -> None:
     calls = []
     result = time_cuda(
         lambda: calls.append(1),
-        TimingOptions(loops=50, repeat=4, warmup=3, host_only=True),
+        TimingOptions(loops=50, repeat=4, warmup=3, host_only=True, count=False),
         takes_count=False,
     )
     assert (result.loops, result.repeat) == (50, 4)
-    # first call + 3 warm-up calls + 1 sizing call + 4 runs of 50
+    # first call + 3 warm-up calls + 1 sizing call + 4 runs of 50 (and no counting call)
     assert len(calls) == 1 + 3 + 1 + 4 * 50
+
+
+def test_the_counting_call_is_one_more_after_the_runs() -> None:
+    torch = pytest.importorskip("torch")
+    calls = []
+    a = torch.randn(4, 4)
+    result = time_cuda(
+        lambda: calls.append(a @ a),
+        TimingOptions(loops=50, repeat=4, warmup=3, host_only=True),
+        takes_count=False,
+    )
+    assert len(calls) == 1 + 3 + 1 + 4 * 50 + 1
+    assert (result.flops, result.bytes) == (2 * 4**3, 2 * 4 * 4 * 4)
 
 
 def test_cuda_options_say_they_need_cuda_on_the_host() -> None:

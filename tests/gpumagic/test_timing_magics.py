@@ -85,7 +85,7 @@ def test_body_names_stay_local_like_timeit(shell: InteractiveShell) -> None:
 
 def test_body_sees_user_variables_and_is_compiled_once(shell: InteractiveShell) -> None:
     run(shell, "import itertools\ncounter = itertools.count()")
-    assert run(shell, "%cudatime -q -v r -n 100 -r 3 -w 0 next(counter)").success
+    assert run(shell, "%cudatime -q -v r -n 100 -r 3 -w 0 --no-count next(counter)").success
     r = shell.user_ns["r"]
     assert (r.loops, r.repeat) == (100, 3)
     # first call + 1 sizing call + 3 runs of 100: nothing executed per iteration but the body
@@ -290,3 +290,91 @@ def test_no_cuda_context_for_host_only_work(shell: InteractiveShell) -> None:
     before = cuda.is_initialized()  # other tests in this process may have started CUDA
     assert run(shell, f"%cudatime -q {FAST} x = [i for i in range(10)]").success
     assert cuda.is_initialized() == before
+
+
+# -- counting FLOPs and bytes ----------------------------------------------------------
+
+
+def test_the_counting_call_runs_once_after_every_timed_call(shell: InteractiveShell) -> None:
+    """Each call records whether a dispatch mode (the counters) was active: only the
+    last one was, so the count ran once, after the first call, warm-up and runs."""
+    run(shell, "import torch\nfrom torch.utils._python_dispatch import _get_current_dispatch_mode")
+    run(shell, "seen = []\na = torch.randn(8, 8)")
+    assert run(
+        shell, "%cudatime -q -v r -n 100 -r 3 -w 0 seen.append(_get_current_dispatch_mode()); a @ a"
+    ).success
+    seen = shell.user_ns["seen"]
+    assert len(seen) == 1 + 1 + 300 + 1
+    assert all(mode is None for mode in seen[:-1])
+    assert seen[-1] is not None
+    assert shell.user_ns["r"].flops == 2 * 8**3
+
+
+def test_a_matmul_is_counted_exactly_on_the_host(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(shell, "import torch\na = torch.randn(64, 64)\nb = torch.randn(64, 64)")
+    assert run(shell, f"%cudatime -v r {FAST} --device cpu a @ b").success
+    r = shell.user_ns["r"]
+    assert (r.flops, r.bytes) == (2 * 64**3, 3 * 64 * 64 * 4)
+    assert r.flops_counted
+    assert r.bytes_counted
+    assert r.flops_dtype == "fp32"
+    assert r.intensity == pytest.approx(2 * 64**3 / (3 * 64 * 64 * 4))
+    assert r.tflops == pytest.approx(2 * 64**3 / r.median / 1e12)
+    assert r.peak_flops is None  # no % of peak on the host
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"compute \S+ [GMT]?FLOP/s 524 kFLOP per loop, counted", out)
+    assert "per loop read and written, counted (a lower bound)" in out
+    assert "intensity 10.7 FLOP/B" in out
+    assert "DRAM peak" not in out
+    assert "tensor-core" not in out
+
+
+def test_no_count_and_given_figures_skip_the_count(shell: InteractiveShell) -> None:
+    run(shell, "import torch\na = torch.randn(32, 32)")
+    assert run(shell, f"%cudatime -q -v r {FAST} --no-count a @ a").success
+    r = shell.user_ns["r"]
+    assert (r.flops, r.bytes, r.flops_counted) == (None, None, False)
+    assert run(shell, f"%cudatime -q -v r {FAST} --flops 1e6 a @ a").success
+    r = shell.user_ns["r"]
+    assert (r.flops, r.flops_counted) == (1e6, False)  # given wins
+    # the other is counted: `a` once (read twice by one op) and the product
+    assert (r.bytes, r.bytes_counted) == (2 * 32 * 32 * 4, True)
+    run(shell, "calls = []")
+    assert run(shell, f"%cudatime -q -v r {FAST} --flops 1 --bytes 1 calls.append(a @ a)").success
+    assert shell.user_ns["r"].bytes == 1
+    total = len(shell.user_ns["calls"])
+    assert run(
+        shell, "%cudatime -q -v r -n 10 -r 2 -w 0 --flops 1 --bytes 1 calls.append(1)"
+    ).success
+    assert len(shell.user_ns["calls"]) - total == 1 + 1 + 20  # no counting call
+
+
+def test_ops_without_a_flop_formula_are_named(shell: InteractiveShell) -> None:
+    run(shell, "import torch\nx = torch.randn(1000)")
+    assert run(shell, f"%cudatime -q -v r {FAST} torch.exp(x) * 2").success
+    r = shell.user_ns["r"]
+    assert r.not_counted == ["aten::exp", "aten::mul.Tensor"]
+    assert any(n.startswith("not counted: aten::exp, aten::mul.Tensor (") for n in r.notes)
+    assert r.bytes == 4 * 1000 * 4  # exp reads and writes, mul reads and writes
+
+
+def test_a_cell_with_setup_says_the_count_did_not_rerun_it(shell: InteractiveShell) -> None:
+    run(shell, "import torch")
+    cell = f"%%cudatime -q -v r {FAST} x = torch.randn(16, 16)\nx @ x"
+    assert run(shell, cell).success
+    notes = shell.user_ns["r"].notes
+    assert any("without the setup running again" in n and "--no-count" in n for n in notes)
+    assert run(
+        shell, f"%%cudatime -q -v r {FAST} --no-count x = torch.randn(16, 16)\nx @ x"
+    ).success
+    assert not any("--no-count" in n for n in shell.user_ns["r"].notes)
+
+
+def test_a_body_without_torch_ops_shows_no_counts(shell: InteractiveShell) -> None:
+    run(shell, "import torch")
+    assert run(shell, f"%cudatime -q -v r {FAST} sum(range(10))").success
+    r = shell.user_ns["r"]
+    assert (r.flops, r.bytes, r.notes[-1:]) == (None, None, r.notes[-1:])
+    assert "compute" not in r.text()

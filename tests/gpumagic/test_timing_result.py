@@ -120,6 +120,46 @@ def test_sync_sites_and_throughput_rows() -> None:
     assert re.search(r"memory\s+1.07 TB/s\s+22 % of 4.8 TB/s DRAM peak", text)
 
 
+def test_counted_work_shows_rates_intensity_and_the_roofline() -> None:
+    r = result(
+        [200e-6] * 3,
+        device_name="NVIDIA H100 80GB HBM3",
+        flops=2 * 4096**3,
+        bytes=3 * 4096**2 * 2,
+        flops_counted=True,
+        bytes_counted=True,
+        flops_dtype="bf16",
+        peak_flops=989.4e12,
+        peak_flops_basis="dense bf16 tensor-core peak",
+        peak_bytes_per_s=3.35e12,
+    )
+    text = " ".join(r.text().split())
+    assert re.search(r"compute\s+687 TFLOP/s\s+69 % of 989 TFLOP/s dense bf16 tensor-core", text)
+    assert "137 GFLOP per loop, counted" in text
+    assert re.search(r"memory\s+503 GB/s\s+15 % of 3.35 TB/s DRAM peak", text)
+    assert "96.0 MiB per loop read and written, counted (a lower bound)" in text
+    assert re.search(r"roofline\s+compute-bound\s+1,365 FLOP/B, above the ridge at 295", text)
+    page = r._repr_html_()
+    assert '<svg class="gpumagic-roofline"' in page
+    assert r.to_dict()["intensity"] == pytest.approx(4096 / 3)
+
+
+def test_an_unknown_peak_says_so() -> None:
+    r = result(
+        [1e-3] * 3,
+        device_name="Tesla T4",
+        flops=1e9,
+        bytes=1e8,
+        flops_counted=True,
+        peak_flops_basis="peak unknown for Tesla T4",
+        peak_bytes_per_s=320e9,
+    )
+    text = r.text()
+    assert re.search(r"compute\s+1 TFLOP/s\s+peak unknown for Tesla T4", text)
+    assert re.search(r"intensity\s+10 FLOP/B", text)
+    assert '<svg class="gpumagic-roofline"' not in r._repr_html_()
+
+
 def test_pretty_printer_uses_the_text() -> None:
     from IPython.lib.pretty import pretty
 

@@ -12,6 +12,8 @@ touched and tests can swap it in one place:
   and library caches;
 * :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
   asynchronous CUDA errors;
+* :mod:`~gpumagic.cuda.op_counts`: the FLOPs (torch's ``FlopCounterMode``) and bytes
+  of one call, for ``%cudatime``'s roofline; torch, but no CUDA API;
 * :mod:`~gpumagic.cuda.process_group`: ``torch.distributed``'s rendezvous and process
   group for tests run in several rank processes.
 
@@ -78,6 +80,7 @@ from gpumagic.cuda.discovery import (
     torch_package_dir,
     visible_devices,
 )
+from gpumagic.cuda.op_counts import OpCounts, count_ops
 from gpumagic.cuda.process_group import (
     host_store,
     join_group,
@@ -116,6 +119,7 @@ __all__ = [
     "GraphCaptureError",
     "ImplicitSyncError",
     "KernelProfile",
+    "OpCounts",
     "SyncEvent",
     "TensorFacts",
     "allocation_marks",
@@ -125,6 +129,7 @@ __all__ = [
     "capture_graph",
     "catch_syncs",
     "clear_fft_plan_caches",
+    "count_ops",
     "current_device",
     "current_streams",
     "device_count",
