@@ -22,7 +22,7 @@ import sys
 import types
 import unittest
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.units import format_bytes
@@ -30,18 +30,14 @@ from gpumagic.units import format_bytes
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from gpumagic.stacks import Block
-
     #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
     Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
 
-__all__ = ["LIBRARY", "UNSHOWN", "HolderScan", "LeakHolder", "find_block_holders", "find_holders"]
+__all__ = ["LIBRARY", "NO_TENSOR", "HolderScan", "LeakHolder", "find_holders", "holder_order"]
 
 #: The kind of a holder that is a library's cache, kept by design.
 LIBRARY = "library cache"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
-#: The kind of the blocks that no live tensor lies in.
-UNSHOWN = "C++ side: no Python tensor; a library workspace (cuBLAS, cuDNN, NCCL) or a C++ cache"
 
 #: How far up the walk goes, and how many objects one level may hold.
 MAX_DEPTH = 12
@@ -151,90 +147,8 @@ def find_holders(
     return _scan(list(targets.values()), notes, explain)
 
 
-def find_block_holders(
-    objects: Sequence[object],
-    blocks: Sequence[Block],
-    facts: Facts,
-    is_user: Callable[[str], bool] = lambda filename: True,
-) -> HolderScan:
-    """:func:`find_holders` for the tensors whose storage lies in one of ``blocks``
-    (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
-    holder accounts for.
-
-    What no Python object reaches (a tensor only C++ holds, a block no tensor shows) is
-    a library's by-design cache when its block lies in a CUDA graph's private memory
-    pool, or was allocated inside a library call (its innermost recorded frame is not
-    the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
-    state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
-    """
-    spans: dict[str, list[Block]] = {}
-    for block in blocks:
-        spans.setdefault(f"cuda:{block.device}", []).append(block)
-    block_of: dict[tuple[str, int], Block] = {}
-
-    def in_blocks(obj: object) -> tuple[tuple[str, int], int, str] | None:
-        fact = facts(obj)
-        if fact is None or fact[2] not in spans:
-            return None
-        address = fact[0][1]
-        for block in spans[fact[2]]:
-            if block.address <= address < block.address + block.size:
-                block_of[fact[0]] = block
-                return fact
-        return None
-
-    def explain(key: tuple[str, int]) -> tuple[str, str] | None:
-        block = block_of.get(key)
-        return None if block is None else _kept_by_library(block, is_user)
-
-    scan = find_holders(objects, in_blocks, explain)
-    shown = {(b.device, b.address) for b in block_of.values()}
-    hidden: dict[tuple[str, str], list[Block]] = {}
-    for block in blocks:
-        if (block.device, block.address) not in shown:
-            why = _kept_by_library(block, is_user) or (_unshown(block), UNSHOWN)
-            hidden.setdefault(why, []).append(block)
-    extra = [
-        LeakHolder(
-            path if kind != UNSHOWN else _unshown(*group),
-            kind,
-            sum(b.size for b in group),
-            tuple(sorted({f"cuda:{b.device}" for b in group})),
-            tensors=0,
-        )
-        for (path, kind), group in hidden.items()
-    ]
-    if extra:  # the holder lines say it
-        scan = replace(scan, notes=tuple(n for n in scan.notes if n != NO_TENSOR))
-    holders = sorted((*scan.holders, *extra), key=_order)
-    found = sum(b.size for b in blocks) - sum(h.nbytes for h in extra if h.kind == UNSHOWN)
-    return replace(scan, holders=tuple(holders), found=found)
-
-
-#: Where torch keeps the memory of CUDA graphs (``torch.compile(mode="reduce-overhead")``,
-#: ``torch.cuda.graph``): alive as long as the graphs that use it.
-GRAPH_POOL = (
-    "a CUDA graph's private memory pool (torch.compile mode='reduce-overhead', torch.cuda.graph)"
-)
-
-
-def _kept_by_library(block: Block, is_user: Callable[[str], bool]) -> tuple[str, str] | None:
-    if block.private_pool:
-        return GRAPH_POOL, LIBRARY
-    if block.frames and not is_user(block.frames[0].filename):
-        frame = block.frames[0]
-        where = frame.filename.rpartition("site-packages/")[2]
-        return f"the C++ side of the library call at {where}:{frame.line} in {frame.name}", LIBRARY
-    return None
-
-
-def _unshown(*blocks: Block) -> str:
-    return (
-        f"{len(blocks)} block" + ("s" if len(blocks) != 1 else "") + " that no Python tensor shows"
-    )
-
-
-def _order(holder: LeakHolder) -> tuple[bool, int, str]:
+def holder_order(holder: LeakHolder) -> tuple[bool, int, str]:
+    """Holders that a Python root reaches first, then by size, largest first."""
     return holder.kind.startswith("C++"), -holder.nbytes, holder.path
 
 
@@ -280,7 +194,7 @@ def _scan(
         )
         for (path, kind, note), group in groups.items()
     ]
-    holders.sort(key=_order)
+    holders.sort(key=holder_order)
     found = sum(t.nbytes for t in targets if not t.kind.startswith("C++"))
     return HolderScan(tuple(holders), tuple(notes), found)
 

@@ -42,10 +42,12 @@ from gpumagic.stacks import (
     short_path,
 )
 from gpumagic.units import format_bytes, parse_size
-from pytest_cuda.leak_holders import HolderScan, find_block_holders
+from pytest_cuda.leak_blocks import find_block_holders
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from pytest_cuda.leak_holders import HolderScan
 
 __all__ = [
     "MODES",

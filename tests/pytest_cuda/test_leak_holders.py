@@ -17,14 +17,8 @@ import pytest
 import torch
 
 from gpumagic.stacks import Block, Frame, blocks_from_segments
-from pytest_cuda.leak_holders import (
-    GRAPH_POOL,
-    LIBRARY,
-    UNSHOWN,
-    HolderScan,
-    find_block_holders,
-    find_holders,
-)
+from pytest_cuda.leak_blocks import GRAPH_POOL, UNSHOWN, find_block_holders
+from pytest_cuda.leak_holders import LIBRARY, HolderScan, find_holders
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
