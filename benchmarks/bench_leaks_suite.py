@@ -65,6 +65,9 @@ def run_config(
     suite: Path, targets: list[str], options: tuple[str, ...], keyword: str | None
 ) -> dict[str, Any]:
     env = os.environ.copy()
+    # One hash seed for every process: a suite that parametrizes over a set collects in
+    # the same order in each pytest-xdist worker (else: "different tests were collected").
+    env["PYTHONHASHSEED"] = "0"
     here = str(Path(__file__).resolve().parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:

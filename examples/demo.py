@@ -36,6 +36,10 @@ CELLS: list[tuple[str, list[str]]] = [
             "scratch = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)\n"
             "del scratch",
             "%gpumem --top 5",
+            "%%gpumem --timeline\n"
+            "kept = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)\n"
+            "tmp = torch.empty(2**30, dtype=torch.uint8, device=device)\n"
+            "del tmp",
         ],
     ),
     (
@@ -59,6 +63,9 @@ CELLS: list[tuple[str, list[str]]] = [
             "x = torch.randn(1024, 1024, device=device)",
             "%%cudatime w = torch.randn(1024, 1024, device=device)\ny = x @ w",
             "%cudatime --kernels --sync-check x.sum().item()",
+            "n = 4096 if device == 'cuda' else 512\n"
+            "xb = torch.randn(n, n, device=device, dtype=torch.bfloat16)",
+            "%cudatime xb @ xb",
         ],
     ),
 ]
