@@ -5,7 +5,9 @@ tolerance (torch_geometric's ``test_segment``): whether such a test passes depen
 how much randomness the tests before it drew, so two runs of one suite can differ in
 outcome with no change but luck. Seeding Python's, NumPy's and torch's generators at
 every test's setup, in every configuration alike, leaves only the configuration's own
-effect. Loaded with ``-p seed_each_test`` (``benchmarks/`` on ``PYTHONPATH``); it never
+effect. It also sorts the collected tests by node id: torch_geometric parametrizes
+over sets of dtypes, whose order (hashes of objects) differs from process to process,
+so pytest-xdist's workers would each collect another order and refuse to run. Loaded with ``-p seed_each_test`` (``benchmarks/`` on ``PYTHONPATH``); it never
 imports torch or NumPy itself, and ``torch.manual_seed`` creates no CUDA context.
 """
 
@@ -26,3 +28,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid)
