@@ -7,8 +7,9 @@ outcome with no change but luck. Seeding Python's, NumPy's and torch's generator
 every test's setup, in every configuration alike, leaves only the configuration's own
 effect. It also sorts the collected tests by node id: torch_geometric parametrizes
 over sets of dtypes, whose order (hashes of objects) differs from process to process,
-so pytest-xdist's workers would each collect another order and refuse to run. Loaded with ``-p seed_each_test`` (``benchmarks/`` on ``PYTHONPATH``); it never
-imports torch or NumPy itself, and ``torch.manual_seed`` creates no CUDA context.
+so pytest-xdist's workers would each collect another order and refuse to run.
+Loaded with ``-p seed_each_test`` (``benchmarks/`` on ``PYTHONPATH``); it never imports
+torch or NumPy itself, and ``torch.manual_seed`` creates no CUDA context.
 """
 
 from __future__ import annotations
