@@ -71,7 +71,11 @@ class CudaTimeResult:
     ``flops`` and ``bytes`` are the work per loop: given (``--flops``, ``--bytes``) or
     counted in one extra, untimed call (``flops_counted``, ``bytes_counted``; the
     precision that did most FLOPs in ``flops_dtype``; ops with arithmetic but no FLOP
-    formula in ``not_counted``).
+    formula in ``not_counted``). The device's peaks they are compared with, from
+    :mod:`gpumagic.peaks`: ``peak_flops`` for that precision (what it is, or why there
+    is none, in ``peak_flops_basis``), ``peak_bytes_per_s`` (the data sheet's, else
+    the one the hardware reports) and the data sheet's address in ``peak_source``; :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and
+    :attr:`roofline` follow from them and the median time.
 
     Times are in seconds. ``all_runs`` holds the total of each run (a run is a block of
     ``loops`` back-to-back calls of the body) on the primary clock: CUDA events on the
@@ -129,14 +133,17 @@ class CudaTimeResult:
 
     @property
     def best(self) -> float:
+        """Fastest per-loop time of any run (as ``TimeitResult``)."""
         return min(self.timings) if self.all_runs else math.nan
 
     @property
     def worst(self) -> float:
+        """Slowest per-loop time of any run (as ``TimeitResult``)."""
         return max(self.timings) if self.all_runs else math.nan
 
     @property
     def average(self) -> float:
+        """Mean per-loop time over the runs (as ``TimeitResult``); see :attr:`median`."""
         return math.fsum(self.timings) / len(self.all_runs) if self.all_runs else math.nan
 
     @property
@@ -150,22 +157,27 @@ class CudaTimeResult:
     # -- robust statistics -----------------------------------------------------------
     @property
     def median(self) -> float:
+        """Median per-loop time over the runs: the figure the output leads with."""
         return quantile(self.timings, 0.5)
 
     @property
     def q1(self) -> float:
+        """First quartile of :attr:`timings`."""
         return quantile(self.timings, 0.25)
 
     @property
     def q3(self) -> float:
+        """Third quartile of :attr:`timings`."""
         return quantile(self.timings, 0.75)
 
     @property
     def iqr(self) -> float:
+        """Interquartile range of :attr:`timings` (``q3 - q1``): the spread shown."""
         return self.q3 - self.q1
 
     @property
     def rel_iqr(self) -> float:
+        """:attr:`iqr` as a fraction of :attr:`median` (``nan`` when the median is 0)."""
         median = self.median
         return self.iqr / median if median > 0 else math.nan
 
@@ -191,12 +203,12 @@ class CudaTimeResult:
 
     @property
     def tflops(self) -> float | None:
-        """Achieved TFLOP/s from ``--flops`` and the median time."""
+        """Achieved TFLOP/s from :attr:`flops` (given or counted) and the median time."""
         return self.flops / self.median / 1e12 if self.flops and self.median > 0 else None
 
     @property
     def gbps(self) -> float | None:
-        """Achieved GB/s from ``--bytes`` and the median time."""
+        """Achieved GB/s from :attr:`bytes` (given or counted) and the median time."""
         return self.bytes / self.median / 1e9 if self.bytes and self.median > 0 else None
 
     @property
