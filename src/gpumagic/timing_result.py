@@ -74,8 +74,9 @@ class CudaTimeResult:
     formula in ``not_counted``). The device's peaks they are compared with, from
     :mod:`gpumagic.peaks`: ``peak_flops`` for that precision (what it is, or why there
     is none, in ``peak_flops_basis``), ``peak_bytes_per_s`` (the data sheet's, else
-    the one the hardware reports) and the data sheet's address in ``peak_source``; :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and
-    :attr:`roofline` follow from them and the median time.
+    the one the hardware reports) and the data sheet's address in ``peak_source``;
+    :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and :attr:`roofline` follow from
+    them and the median time.
 
     Times are in seconds. ``all_runs`` holds the total of each run (a run is a block of
     ``loops`` back-to-back calls of the body) on the primary clock: CUDA events on the
