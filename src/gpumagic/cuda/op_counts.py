@@ -50,13 +50,17 @@ class OpCounts:
     ops: int
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
     not_counted: tuple[str, ...] = ()
+    #: The bytes moved per precision of the floating-point data (fp32 stays fp32).
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
 
     @property
     def dtype(self) -> str:
-        """The precision that did most of the FLOPs (``""`` when none were counted)."""
-        if not self.flops_by_dtype:
+        """The precision that did most of the FLOPs; when none were counted, that of
+        most of the floating-point bytes moved (``""`` when there were neither)."""
+        by = self.flops_by_dtype or self.bytes_by_dtype
+        if not by:
             return ""
-        return max(self.flops_by_dtype.items(), key=lambda kv: kv[1])[0]
+        return max(by.items(), key=lambda kv: kv[1])[0]
 
 
 # Ops (by their name without namespace or overload) that move, make or look at data
@@ -123,6 +127,7 @@ def count_ops(call: Callable[[], object]) -> OpCounts | None:
         ops=totals.ops,
         flops_by_dtype=dict(totals.flops_by_dtype),
         not_counted=tuple(totals.not_counted),
+        bytes_by_dtype=dict(totals.bytes_by_dtype),
     )
 
 
@@ -151,6 +156,7 @@ class _Totals:
     ops: int = 0
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
     not_counted: dict[str, None] = field(default_factory=dict)  # ordered set
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
 
 
 @functools.cache
@@ -192,10 +198,23 @@ def _byte_counter_class() -> type:
             elif _does_arithmetic(torch, func, inputs, outputs):
                 totals.not_counted[str(func.name())] = None
             if not getattr(func, "is_view", False):
-                totals.bytes += _moved(func, args, kwargs, inputs, outputs)
+                moved = _moved(func, args, kwargs, inputs, outputs)
+                totals.bytes += moved
+                data = next((t for t in (*inputs, *outputs) if t.is_floating_point()), None)
+                if moved and data is not None:
+                    key = _PLAIN.get(str(data.dtype), str(data.dtype).removeprefix("torch."))
+                    totals.bytes_by_dtype[key] = totals.bytes_by_dtype.get(key, 0) + moved
             return out
 
     return ByteCounter
+
+
+_PLAIN = {
+    "torch.float32": "fp32",
+    "torch.bfloat16": "bf16",
+    "torch.float16": "fp16",
+    "torch.float64": "fp64",
+}
 
 
 def _name(func: Any) -> str:
