@@ -1,7 +1,7 @@
 # Two commands do it all on a fresh machine:
 #   make demo   sets itself up, then runs the demo (on the CPU when there is no GPU)
 #   make test   sets itself up, then runs ruff, mypy, pytest and the docs build
-# TORCH picks the torch to install when the venv has none; any installed torch >= 2.1
+# TORCH picks the torch to install when the venv has none; any installed torch >= 2.11
 # is kept (the project never replaces it).
 PYTHON ?= python3
 VENV ?= .venv
@@ -47,9 +47,9 @@ docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # The suite on the lowest versions pyproject.toml declares (tests/test_packaging.py keeps
-# these pins equal to its floors). torch is the one exception: its floor (2.1) has no
+# these pins equal to its floors). torch is the one exception: its floor (2.11) has no
 # CPU wheel on these machines; the local torch==2.13.0 CPU wheel is used, and the GPU
-# check runs the suite on torch 2.11.
+# check runs the whole suite on torch 2.11, the floor.
 OLDEST_VENV ?= .venv-oldest
 OLDEST := pytest==8.3.3 ipython==9.0.0 line_profiler==5.1.0 nvidia-ml-py==12.535.77 \
 	pytest-xdist==3.8.0
