@@ -25,7 +25,7 @@ CUDA_MARKER_DOC = (
     "cuda(min_devices=1, min_memory=None, min_capability=None): the test needs CUDA: "
     "at least min_devices usable CUDA devices, min_memory free on each device it is "
     'given (bytes or "40GiB"), and a compute capability of at least min_capability '
-    '((8, 0) or "8.0"). Without them the test is skipped with the reason (it fails '
+    '((8, 0) or "8.0"). Without them the test is skipped with the reason (an error '
     "under --cuda-require). With markers on the test, its class and its module, the "
     "strictest value of each keyword wins."
 )
@@ -113,9 +113,9 @@ def add_options(parser: Parser) -> None:
         action="store_true",
         default=False,
         help="strict mode for GPU CI: a test that would be skipped for lack of a GPU, "
-        "devices, memory or compute capability fails instead, with the same reason; with "
-        "no usable CUDA device at all the run stops at once (a usage error), whatever "
-        "its tests are.",
+        "devices, memory or compute capability is an error at its setup instead, with the "
+        "same reason; with no usable CUDA device at all the run stops at once (a usage "
+        "error), whatever its tests are.",
     )
     parser.addini(
         "cuda_devices",

@@ -519,5 +519,5 @@ def _free_memory(device: DeviceInfo) -> int | None:
 
 def _skip_or_fail(config: pytest.Config, reason: str) -> NoReturn:
     if config.getoption("cuda_require"):
-        pytest.fail(f"{reason} (--cuda-require turns this skip into a failure)", pytrace=False)
+        pytest.fail(f"{reason} (--cuda-require turns this skip into an error)", pytrace=False)
     pytest.skip(reason)

@@ -11,7 +11,7 @@ from reports import skip_reasons
 if TYPE_CHECKING:
     from conftest import FakeGpus
 
-REQUIRE = "(--cuda-require turns this skip into a failure)"
+REQUIRE = "(--cuda-require turns this skip into an error)"
 
 
 def test_fixtures_are_documented(pytester: pytest.Pytester) -> None:

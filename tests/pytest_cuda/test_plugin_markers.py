@@ -13,7 +13,7 @@ from gpumagic import cuda
 if TYPE_CHECKING:
     from conftest import FakeGpus
 
-REQUIRE = "(--cuda-require turns this skip into a failure)"
+REQUIRE = "(--cuda-require turns this skip into an error)"
 
 FORMS = """
 import pytest
@@ -59,7 +59,7 @@ def test_marker_is_documented(pytester: pytest.Pytester) -> None:
             "the test needs CUDA: at least min_devices usable CUDA devices, min_memory free "
             'on each device it is given (bytes or "40GiB"), and a compute capability of at '
             'least min_capability ((8, 0) or "8.0"). Without them the test is skipped with '
-            "the reason (it fails under --cuda-require). With markers on the test, its class "
+            "the reason (an error under --cuda-require). With markers on the test, its class "
             "and its module, the strictest value of each keyword wins."
         ]
     )
