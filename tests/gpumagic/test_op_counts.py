@@ -109,7 +109,7 @@ def test_the_dominant_precision_is_the_one_with_most_flops() -> None:
 def test_without_flops_the_precision_is_that_of_the_bytes_moved() -> None:
     # A reduction has no FLOP formula: its roofline uses fp32's peaks, not bf16's.
     x = torch.randn(256, 256)
-    counts = cuda.count_ops(lambda: x.sum())
+    counts = cuda.count_ops(x.sum)
     assert counts is not None
     assert (counts.flops, counts.flops_by_dtype) == (0, {})
     assert counts.bytes_by_dtype == {"fp32": counts.bytes}
