@@ -154,6 +154,10 @@ def roofline_svg(line: Roofline) -> str:
     )
     anchor = "end" if px > LEFT + plot_w * 0.6 else "start"
     dx = -10 if anchor == "end" else 10
+    # The rate's label goes above the point, or below it where the roof runs just above
+    # (a point near the roof), so the roof never strikes through it.
+    roof_y = y(min(peak, bandwidth * line.intensity))
+    label_y = py - 10 if py - roof_y > 18 else py + 18
     return (
         f'<svg class="gpumagic-roofline" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{label}" '
@@ -170,7 +174,7 @@ def roofline_svg(line: Roofline) -> str:
         f'<text x="2" y="10">FLOP/s</text></g>'
         f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4.5" style="fill-opacity:0.85;stroke:none"/>'
         f'<circle cx="{px:.1f}" cy="{py:.1f}" r="8" style="fill:none;stroke-width:1.2"/>'
-        f'<text x="{px + dx:.1f}" y="{py - 10:.1f}" text-anchor="{anchor}" '
+        f'<text x="{px + dx:.1f}" y="{label_y:.1f}" text-anchor="{anchor}" '
         f'style="stroke:none">{html.escape(format_rate(line.achieved, "FLOP/s"))}</text>'
         f'<text x="{x(ridge) + 3:.1f}" y="{TOP + 11}" style="stroke:none">ridge</text>'
         f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle" '

@@ -149,3 +149,22 @@ def test_no_svg_without_peaks_or_flops() -> None:
     assert Roofline(1e9, 1e6, 1.0, None, None).svg() == ""
     assert h100(0, 1 << 30, 1.0).svg() == ""
     assert not math.isnan(h100(0, 1 << 30, 1.0).intensity)
+
+
+def _rate_label_y(svg: str) -> tuple[float, float]:
+    point = re.search(r'<circle cx="[\d.]+" cy="([\d.]+)" r="4.5"', svg)
+    label = re.search(r'<text x="[\d.]+" y="([\d.]+)" text-anchor="(?:start|end)" ', svg)
+    assert point is not None
+    assert label is not None
+    return float(point.group(1)), float(label.group(1))
+
+
+def test_the_rate_label_goes_below_a_point_just_under_the_roof() -> None:
+    # 171 FLOP/B at 38 TFLOP/s against an fp32 roof of 67 TFLOP/s: the roof runs just
+    # above the point, so the label goes under it; far below the roof, above it.
+    near = Roofline(2 * 1024**3, 3 * 4 * 1024**2, 2 * 1024**3 / 38e12, 67e12, 3.35e12)
+    py, label = _rate_label_y(near.svg())
+    assert label > py
+    far = Roofline(2 * 1024**3, 3 * 4 * 1024**2, 2 * 1024**3 / 0.5e12, 67e12, 3.35e12)
+    py, label = _rate_label_y(far.svg())
+    assert label < py
