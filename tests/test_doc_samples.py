@@ -10,6 +10,8 @@ Each fenced block of ``docs/**/*.md`` is one of:
 * a test file (a ```` ```python ```` block that defines ``test_`` functions): saved and
   run by pytest (``pytester``), with the plugin; no test may fail or error, except the
   ones the page says fail on a GPU (:data:`FAILS_ON_GPU`);
+* a pytest configuration (```` ```ini ````): saved as ``pytest.ini``; the markers it
+  registers are known to ``--strict-markers`` with the plugin off (``-p no:cuda``);
 * on a how-to page (``docs/howto/``), a file, command or cell that ``test_howto.py``
   runs (this test checks that it reads each of them);
 * anything else (```` ```text ````, ```` ```console ```` transcripts, ```` ```ini ````,
@@ -71,11 +73,13 @@ class Block(NamedTuple):
 
     @property
     def kind(self) -> str:
-        """``shell``, ``test-file``, ``howto``, ``fragment`` or ``none`` (not a sample)."""
+        """``shell``, ``test-file``, ``ini``, ``howto``, ``fragment`` or ``none``."""
         lang = self.info.strip()
         if self.page.startswith("howto/"):
             runnable = lang in ("ipython", "console") or lang.startswith("{code-block}")
             return "howto" if runnable else "none"
+        if lang == "ini":
+            return "ini"
         if lang not in ("python", "ipython"):
             return "none"
         if self.mark == "fragment":
@@ -110,6 +114,7 @@ BLOCKS = [
 ]
 SHELL_PAGES = sorted({b.page for b in BLOCKS if b.kind == "shell"})
 TEST_FILES = [b for b in BLOCKS if b.kind == "test-file"]
+INI_FILES = [b for b in BLOCKS if b.kind == "ini"]
 
 
 def shell_sessions() -> Iterator[object]:
@@ -220,3 +225,20 @@ def test_test_file_samples_pass(block: Block, pytester: pytest.Pytester) -> None
         assert not failed, output
         skips = re.findall(r"^SKIPPED .*", output, re.MULTILINE)
         assert all("CUDA unavailable" in s for s in skips), skips
+
+
+@pytest.mark.parametrize("block", INI_FILES, ids=[b.id for b in INI_FILES])
+def test_ini_samples_register_the_markers(block: Block, pytester: pytest.Pytester) -> None:
+    # Every marker of the plugin, as ``pytest --markers`` lists them with it on.
+    listed = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--markers").stdout.str()
+    plugin = re.findall(r"^@pytest\.mark\.(cuda\w*)", listed, re.MULTILINE)
+    pytester.makeini(block.body)
+    markers = re.findall(r"^\s+(\w+):", block.body, re.MULTILINE)
+    assert sorted(markers) == sorted(plugin), (block.id, markers, plugin)
+    # ... and known with the plugin off.
+    marks = "".join(f"@pytest.mark.{name}\n" for name in markers)
+    pytester.makepyfile(f"import pytest\n\n\n{marks}def test_marked():\n    pass\n")
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-p", "no:cuda", "--strict-markers"
+    )
+    result.assert_outcomes(passed=1)
