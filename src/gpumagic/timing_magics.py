@@ -8,8 +8,10 @@ and displays the result.
 from __future__ import annotations
 
 import ast
+import io
 import itertools
 import time
+import tokenize
 from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
@@ -385,11 +387,28 @@ def _options(args: argparse.Namespace) -> TimingOptions:
 
 
 def _label(body: str) -> str:
-    lines = [s.strip() for s in body.strip().splitlines() if s.strip()]
+    """The output's title: the body's first line of code, without a trailing comment."""
+    lines = [_uncommented(s.strip()) for s in body.strip().splitlines()]
+    lines = [s for s in lines if s]
     text = lines[0] if lines else ""
     if len(lines) > 1:
         text += " …"
     return text if len(text) <= 70 else text[:69] + "…"
+
+
+def _uncommented(line: str) -> str:
+    """``line`` without its ``# comment`` (a ``#`` inside a string literal stays).
+
+    A line that does not tokenize on its own (inside a triple-quoted string) is kept."""
+    if "#" not in line:
+        return line
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return line[: token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return line
 
 
 #: What ``%load_ext gpumagic`` registers from this module.

@@ -378,3 +378,19 @@ def test_a_body_without_torch_ops_shows_no_counts(shell: InteractiveShell) -> No
     r = shell.user_ns["r"]
     assert (r.flops, r.bytes, r.notes[-1:]) == (None, None, r.notes[-1:])
     assert "compute" not in r.text()
+
+
+def test_a_trailing_comment_is_not_in_the_title(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns["x"] = [3, 1, 2]
+    assert run(shell, f"r = %cudatime -o {FAST} sorted(x)   # sort a short list").success
+    assert shell.user_ns["r"].label == "sorted(x)"
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.startswith("%cudatime  sorted(x)    [")
+    assert "#" not in title
+    # A "#" inside a string literal is code, and stays; so is the cell's first line of code.
+    assert run(shell, f"r = %cudatime -o {FAST} s = 'a#b'.split('#')  # split").success
+    assert shell.user_ns["r"].label == "s = 'a#b'.split('#')"
+    assert run(shell, f"%%cudatime -o {FAST}\n# the body\nsorted(x)  # sort\n").success
+    assert shell.user_ns["_"].label == "sorted(x)"
