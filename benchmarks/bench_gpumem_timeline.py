@@ -2,7 +2,7 @@
 
 * ``%%gpumem --timeline`` on a cell of 10,000 small ops (``y = x * 2``: a kernel and an
   allocation each), against the cell alone, plain ``%%gpumem`` and ``--trace``.
-  Target (issue 16): adds <= 25 %.
+  Target: adds <= 25 %.
 * The same on the worst case, a bare loop of ``torch.empty(256)``, for reference.
 * Where the time goes, once per run: the allocator events of the ops cell, the time of
   ``torch.cuda.memory._snapshot()`` with them, and of the replay

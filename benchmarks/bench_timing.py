@@ -1,6 +1,6 @@
 """How close ``%cudatime`` comes to CUPTI kernel time, next to the timers people use today.
 
-Workloads (the issue's list): a 1 ms spin kernel (``torch.cuda._sleep``), a copy of at
+Workloads: a 1 ms spin kernel (``torch.cuda._sleep``), a copy of at
 least 4x the L2 cache, a 4096^3 bf16 matmul, one tiny op (a 4 KB add), a loop of 50 small
 ops (150 kernels), a matmul on a side stream the body never joins, and a body with a
 hidden ``.item()``.

@@ -29,6 +29,9 @@ myst_heading_anchors = 3
 nb_execution_mode = "off"
 html_theme = "furo"
 html_title = "gpumagic"
+html_static_path = ["_static"]
+# wrap: long transcript lines wrap at the content width (``:class: wrap``).
+html_css_files = ["gpumagic.css"]
 exclude_patterns = ["_build"]
 autodoc_typehints = "description"
 autodoc_mock_imports = ["torch", "pynvml", "line_profiler"]

@@ -129,3 +129,25 @@ def test_generating_the_text_imports_no_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_option_sections_cover_every_option_and_magic_option(
+    ext: tuple[ModuleType, ModuleType],
+) -> None:
+    magic_help, pytest_help = ext
+    entries = pytest_help.cuda_option_entries()
+    labels = [e.label for e in entries]
+    assert len(set(labels)) == len(labels)
+    assert "option-cuda-leak-check" in labels
+    assert "ini-cuda-devices" in labels
+    help_text = pytest_help.cuda_help()
+    for entry in entries:
+        assert entry.name in help_text, entry
+    for magic, target in MAGICS.items():
+        options = magic_help.magic_options(target)
+        shown = magic_help.magic_help(target)
+        assert options, magic
+        for option in options:
+            assert option.label.startswith(f"{magic}-option-"), option
+            assert option.label == option.label.lower()
+            assert option.usage.split(",")[0].split()[0] in shown, option

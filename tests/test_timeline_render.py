@@ -1,7 +1,7 @@
 """The ``%%gpumem --timeline`` picture renders in a real browser, light and dark.
 
 The result's HTML (the cell's table, the SVG, the table at the peak) is built from
-allocator events shaped like torch's (the done-when cell of issue 16: 256 MiB kept, a
+allocator events shaped like torch's (the timeline's reference cell: 256 MiB kept, a
 1 GiB temporary), then checked the way ``test_html_render.py`` checks the demo
 notebook's outputs: every text visible, contrast at least 4.5:1 against what it is
 drawn on, and nothing in it that would load from the network (no script, link, ``src``,

@@ -19,6 +19,13 @@ installed plugins cannot change the output), ``PYTEST_*`` variables removed and
 ``{pytest-fixtures}``
     The fixtures defined by ``pytest_cuda`` modules, with their docstrings (file paths
     left out). ``:fixtures: cuda_device cuda_devices`` keeps only those.
+``{pytest-option-sections}``
+    One section per option (``:kind: options``) or ini key (``:kind: ini``) of that
+    ``pytest --help`` text: its usage as the title, its help as a paragraph, and a label
+    other pages link to (``{ref}`option-cuda-leak-check```, ``{ref}`ini-cuda-devices```;
+    see :func:`option_label`). Another option, ini key or environment variable named in
+    a help text links to its section (the environment variables' sections, labelled by
+    :func:`env_label`, are written on the page itself).
 
 A name given in an option that pytest does not print is a build error. None of this
 discovers devices or imports torch: ``--help``, ``--markers`` and ``--fixtures`` in an
@@ -35,9 +42,11 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from docutils import nodes
+from docutils.parsers.rst import directives
+from sphinx import addnodes
 from sphinx.util.docutils import SphinxDirective
 
 if TYPE_CHECKING:
@@ -152,6 +161,60 @@ def _ini_options(text: str) -> tuple[str, list[list[str]]]:
     return lines[start], [e for e in entries if _entry_name(e).startswith("cuda")]
 
 
+class OptionEntry(NamedTuple):
+    """One entry of pytest_cuda's part of ``pytest --help``."""
+
+    name: str  # --cuda-sync, cuda_devices
+    usage: str  # --cuda-sync={launch-blocking,per-op}, cuda_devices (string)
+    help: str  # the help text on one line
+    kind: str  # "option" or "ini"
+
+    @property
+    def label(self) -> str:
+        return option_label(self.name, self.kind)
+
+
+#: Environment variables named in the help texts, linked to their sections (labels from
+#: :func:`env_label`, which the page documenting them must define).
+ENV_LINKED = ("PYTEST_CUDA_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING")
+
+
+def env_label(name: str) -> str:
+    """The docs label of an environment variable: ``env-pytest-cuda-devices``."""
+    return "env-" + name.replace("_", "-").lower()
+
+
+def option_label(name: str, kind: str = "option") -> str:
+    """The docs label of an option or ini key: ``option-cuda-leak-check``,
+    ``ini-cuda-devices``."""
+    return f"{kind}-{name.lstrip('-').replace('_', '-').lower()}"
+
+
+def _entry(lines: list[str], kind: str) -> OptionEntry:
+    usage, _, first = lines[0].strip().partition("  ")
+    words = [first.strip(), *(line.strip() for line in lines[1:])]
+    usage = usage.rstrip(":")
+    return OptionEntry(_entry_name(lines), usage, " ".join(w for w in words if w), kind)
+
+
+def cuda_option_entries() -> list[OptionEntry]:
+    """Every ``--cuda-*`` option, then every ``cuda*`` ini key, as ``pytest --help``
+    shows them (in its order)."""
+    text = pytest_output("--help")
+    groups = [
+        b
+        for b in _blocks(text.splitlines())
+        if b[0].endswith(":")
+        and not b[0].startswith(" ")
+        and any(line.startswith("  --cuda-") for line in b[1:])
+    ]
+    if not groups:
+        raise ValueError("pytest --help shows no option group with --cuda-* options")
+    flags = [_entry(e, "option") for g in groups for e in _entries(g[1:], 2)]
+    _, ini = _ini_options(text)
+    return flags + [_entry(e, "ini") for e in ini]
+
+
 def cuda_markers(names: list[str] | None = None) -> str:
     """The ``@pytest.mark.cuda…`` lines of ``pytest --markers``, wrapped."""
     found: dict[str, str] = {}
@@ -257,8 +320,72 @@ class PytestFixtures(_PytestText):
     option_spec: ClassVar[dict[str, Any]] = {"fixtures": _names}
 
 
+_OPTION_NAME = re.compile(rf"--cuda-[a-z-]+[a-z]|\bcuda_devices\b|\b(?:{'|'.join(ENV_LINKED)})\b")
+
+
+class PytestOptionSections(SphinxDirective):
+    """``{pytest-option-sections}``: a labelled section per option or ini key."""
+
+    has_content = False
+    option_spec: ClassVar[dict[str, Any]] = {
+        "kind": lambda arg: directives.choice(arg, ("options", "ini")),
+    }
+
+    def run(self) -> list[nodes.Node]:
+        kind = "ini" if self.options.get("kind") == "ini" else "option"
+        try:
+            every = cuda_option_entries()
+        except (ValueError, RuntimeError, subprocess.SubprocessError) as exc:
+            raise self.error(f"{self.name}: {exc}") from None
+        import pytest_cuda
+
+        for source in sorted(Path(pytest_cuda.__file__).parent.glob("*.py")):
+            self.env.note_dependency(str(source))
+        labels = {e.name: e.label for e in every}
+        labels.update({name: env_label(name) for name in ENV_LINKED})
+        sections: list[nodes.Node] = []
+        for entry in (e for e in every if e.kind == kind):
+            section = nodes.section(ids=[entry.label], names=[entry.label])
+            section += nodes.title("", "", nodes.literal(entry.usage, entry.usage))
+            section += nodes.paragraph("", "", *self._linked(entry.help, labels, entry.name))
+            self.set_source_info(section)
+            self.state.document.note_explicit_target(section)
+            sections.append(section)
+        return sections
+
+    @staticmethod
+    def _linked(text: str, labels: dict[str, str], own: str) -> list[nodes.Node]:
+        """``text`` with every other option or ini name in it as a link to its section."""
+        parts: list[nodes.Node] = []
+        at = 0
+        for match in _OPTION_NAME.finditer(text):
+            name = match.group(0)
+            if name not in labels:
+                continue
+            parts.append(nodes.Text(text[at : match.start()]))
+            literal = nodes.literal(name, name)
+            if name == own:
+                parts.append(literal)
+            else:
+                parts.append(
+                    addnodes.pending_xref(
+                        "",
+                        literal,
+                        refdomain="std",
+                        reftype="ref",
+                        reftarget=labels[name],
+                        refexplicit=True,
+                        refwarn=True,
+                    )
+                )
+            at = match.end()
+        parts.append(nodes.Text(text[at:]))
+        return parts
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("pytest-help", PytestHelp)
     app.add_directive("pytest-markers", PytestMarkers)
     app.add_directive("pytest-fixtures", PytestFixtures)
+    app.add_directive("pytest-option-sections", PytestOptionSections)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cuda
 MiB = 2**20
 GiB = 2**30
 
-# The done-when cell of issue 16: keeps 256 MiB, makes a 1 GiB temporary.
+# The timeline's reference cell: keeps 256 MiB, makes a 1 GiB temporary.
 CELL = (
     "keep = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda')\n"
     "tmp = torch.empty(2**30, dtype=torch.uint8, device='cuda')\n"
