@@ -107,21 +107,33 @@ def notes(result: LineProfileResult) -> list[str]:
 
 @contextlib.contextmanager
 def cell_sources_kept() -> Iterator[None]:
-    """Put back the sources that no file holds (IPython's and Jupyter's cells, kept in
-    :mod:`linecache` with no modification time) if the block clears the cache:
-    line_profiler's table calls ``linecache.clearcache()`` before reading a real file,
-    which would leave every earlier cell without its source for the rest of the session
-    (empty tables, "Could not get source" in tracebacks)."""
-    kept = {
+    """Keep the sources that no file holds (IPython's and Jupyter's cells, kept in
+    :mod:`linecache` with no modification time) while the block runs: line_profiler's
+    table calls ``linecache.clearcache()`` before reading each real file, which would
+    leave every cell without its source (the tables of cell functions printed after a
+    file's function empty; "Could not get source" in later tracebacks). Within the
+    block, ``linecache.clearcache`` clears everything else and keeps those entries; it
+    is put back afterwards."""
+    original = linecache.clearcache
+
+    def clearcache() -> None:
+        kept = _cell_entries()
+        original()
+        linecache.cache.update(kept)
+
+    linecache.clearcache = clearcache
+    try:
+        yield
+    finally:
+        linecache.clearcache = original
+
+
+def _cell_entries() -> dict[str, Any]:
+    return {
         name: entry
         for name, entry in linecache.cache.items()
         if len(entry) == 4 and entry[1] is None  # not a lazy (1-tuple) entry
     }
-    try:
-        yield
-    finally:
-        for name, entry in kept.items():
-            linecache.cache.setdefault(name, entry)
 
 
 def render_text(

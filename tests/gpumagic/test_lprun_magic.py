@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import linecache
 import re
 import subprocess
 import sys
@@ -287,6 +288,30 @@ def test_profiling_a_file_keeps_every_cells_source(
     assert run.table("work")["total += i"][0] == "10"
     cell(shell, "source = inspect.getsource(work)")
     assert "total += i" in shell.user_ns["source"]
+
+
+def test_a_file_function_and_a_cell_function_in_one_run_both_show_their_lines(
+    shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """line_profiler clears linecache before each real file's table: a cell function's
+    table printed after it must still have its lines, and linecache.clearcache is the
+    standard library's again afterwards."""
+    (tmp_path / "lprun_mixed_mod.py").write_text("def f(n):\n    return n * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cell(shell, "import linecache, lprun_mixed_mod")
+    cell(
+        shell,
+        """
+        def g(n):
+            doubled = lprun_mixed_mod.f(n)
+            return doubled + 1
+        """,
+    )
+    clearcache = linecache.clearcache
+    run = Run(shell, "%lprun -f lprun_mixed_mod.f -f g g(10)")
+    assert run.table("f")["return n * 2"][0] == "1"
+    assert run.table("g")["return doubled + 1"][0] == "1"
+    assert linecache.clearcache is clearcache
 
 
 @pytest.mark.parametrize(
