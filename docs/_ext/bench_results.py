@@ -449,6 +449,12 @@ FIGURES: dict[str, Figure] = {
         "{:.2f} µs",
         "one idle torch.cuda.synchronize()",
     ),
+    "lprun.launch_x": Figure(
+        "lprun",
+        lambda run: _summary(run, "launch_ms_gpumagic") / _summary(run, "launch_ms_unprofiled"),
+        "{:.2f}" + TIMES,
+        "launch-bound loop under %lprun / unprofiled",
+    ),
     # bench_timing.py: %cudatime / CUPTI kernel time.
     "timing.spin_x": Figure(
         "timing", lambda run: _timing(run, "spin", "gpumagic"), "{:.3f}", "spin 1 ms"
@@ -458,6 +464,24 @@ FIGURES: dict[str, Figure] = {
     ),
     "timing.mm_x": Figure(
         "timing", lambda run: _timing(run, "bf16 mm", "gpumagic"), "{:.3f}", "bf16 mm 4096"
+    ),
+    "timing.copy_span_x": Figure(
+        "timing",
+        lambda run: _timing(run, "copy", "gpumagic / CUPTI span"),
+        "{:.3f}",
+        "copy 4x L2, against the CUPTI span",
+    ),
+    "timing.mm_span_x": Figure(
+        "timing",
+        lambda run: _timing(run, "bf16 mm", "gpumagic / CUPTI span"),
+        "{:.3f}",
+        "bf16 mm 4096, against the CUPTI span",
+    ),
+    "timing.side_stream_span_x": Figure(
+        "timing",
+        lambda run: _timing(run, "side-stream", "gpumagic / CUPTI span"),
+        "{:.3f}",
+        "side-stream mm, against the CUPTI span",
     ),
     "timing.side_stream_x": Figure(
         "timing", lambda run: _timing(run, "side-stream", "gpumagic"), "{:.3f}", "side stream"
