@@ -828,6 +828,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
         except KeyError as exc:
             msg = inliner.reporter.error(str(exc), line=lineno)
             return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+        inliner.document.settings.env.note_dependency(str(run.file))
         script = SCRIPTS.get(run.bench, run.bench)
         node = nodes.abbreviation(
             shown, shown, explanation=f"{script}, {run.short()} ({run.file.name})"
@@ -842,6 +843,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
         except KeyError as exc:
             msg = inliner.reporter.error(str(exc), line=lineno)
             return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+        inliner.document.settings.env.note_dependency(str(run.file))
         return [nodes.Text(run.short())], []
 
     class BenchRun(SphinxDirective):
