@@ -195,7 +195,7 @@ def main() -> None:
         import bench_leaks_suite
 
         if args.with_torch:
-            bench_leaks_suite.compare_with_torch(args.suite, args.files, args.keyword)
+            bench_leaks_suite.compare_with_torch(args.suite, args.files, args.keyword, args.json)
         else:
             bench_leaks_suite.main(args.suite, args.files, args.keyword, args.json)
         return

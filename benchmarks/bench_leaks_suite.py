@@ -22,6 +22,7 @@ the tag of the installed version); on the GPU machine it travels as an ignored f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -113,11 +114,35 @@ def run_config(
     }
 
 
-def compare_with_torch(suite: Path, files: list[str], keyword: str | None) -> None:
+def environment(bench: str) -> dict[str, Any]:
+    """The first JSON line of a result file: which benchmark, machine and versions."""
+    from datetime import UTC, datetime
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    found: dict[str, Any] = {
+        "bench": bench,
+        "kind": "environment",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
+    for name in ("pytest", "pytest-xdist", "torch_geometric"):
+        with contextlib.suppress(PackageNotFoundError):
+            found[name.replace("-", "_")] = version(name)
+    return found
+
+
+def compare_with_torch(
+    suite: Path, files: list[str], keyword: str | None, out: Path | None = None
+) -> None:
     """The anchor, PyTorch's checker and ours, once each, on the same tests; the tests
     each checker fails that the anchor passes are its reported leaks."""
     targets = files or ["."]
     anchor = run_config(suite, targets, CONFIGS[0][1], keyword)
+    rows: list[dict[str, Any]] = [environment("leaks_suite_torch")]
     for label, options in (TORCH_CONFIG, CONFIGS[2]):
         result = run_config(suite, targets, options, keyword)
         changed = sorted(
@@ -135,6 +160,21 @@ def compare_with_torch(suite: Path, files: list[str], keyword: str | None) -> No
         for name in changed[:20]:
             before, after = anchor["outcomes"].get(name), result["outcomes"][name]
             print(f"  [{label}] {name}: {before} -> {after}")
+        rows.append(
+            {
+                "bench": "leaks_suite_torch",
+                "label": label,
+                "wall_s": result["wall_s"],
+                "anchor_wall_s": anchor["wall_s"],
+                "ratio": result["wall_s"] / anchor["wall_s"],
+                "changed": changed,
+                "leaked": result["leaked"],
+            }
+        )
+    if out is not None:
+        with out.open("a") as stream:
+            for row in rows:
+                stream.write(json.dumps(row) + "\n")
 
 
 def main(
@@ -206,6 +246,7 @@ def main(
             )
     if out is not None:
         with out.open("a") as stream:
+            stream.write(json.dumps(environment("leaks_suite")) + "\n")
             for row in rows:
                 kept = {k: v for k, v in row.items() if k != "outcomes"}
-                stream.write(json.dumps(kept) + "\n")
+                stream.write(json.dumps({"bench": "leaks_suite", **kept}) + "\n")

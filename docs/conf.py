@@ -21,6 +21,7 @@ extensions = [
     "sphinx.ext.intersphinx",
     "magic_help",
     "pytest_help",
+    "bench_results",
 ]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3

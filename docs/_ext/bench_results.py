@@ -1,0 +1,907 @@
+"""Measured figures from the benchmarks' result files, so that no page types one by hand.
+
+The benchmarks in ``benchmarks/`` append JSON lines (``--json``); each run's lines are
+committed under ``benchmarks/results/`` as one file, ``YYYY-MM-DDTHHMM-DEVICE-WHAT.jsonl``. A file
+may hold several benchmarks (``GPU_CHECK_BENCH=all`` appends them all to one); the
+latest run of a benchmark is its records in the file with the latest date (then the
+latest file name) that has any.
+
+``{bench}`KEY```
+    One figure of the latest run, formatted with its unit (``{bench}`leaks.check_us```
+    gives ``+114 µs``); hovering shows the benchmark, device and date. ``FIGURES`` lists
+    the keys; an unknown key or a run without the figure is a build warning (an error
+    under ``-W``).
+``{bench-date}`BENCH```
+    The device and date of a benchmark's latest run (``H100 80GB HBM3, 2026-11-25``).
+``{bench-run} BENCH``
+    A paragraph naming the latest run (script, date, device, driver, versions, result
+    file), then the run's table.
+
+``tests/test_doc_figures.py`` reads the same files through this module and compares
+every figure the pages cite, the roles and the hand-typed ones, with them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sphinx.application import Sphinx
+
+TIMES = "\N{MULTIPLICATION SIGN}"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+#: The benchmark script of each benchmark name (a result file's "bench" value).
+SCRIPTS = {
+    "gpumem": "bench_gpumem.py",
+    "gpumem_timeline": "bench_gpumem_timeline.py",
+    "leaks": "bench_leaks.py",
+    "leaks_suite": "bench_leaks.py --suite",
+    "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
+    "lprun": "bench_lprun.py",
+    "plugin_overhead": "bench_plugin_overhead.py",
+    "sync": "bench_sync.py",
+    "timing": "bench_timing.py",
+}
+#: Version keys shown with a run, in this order, when its records have them.
+VERSIONS = (
+    ("python", "Python"),
+    ("torch", "torch"),
+    ("cuda", "CUDA"),
+    ("pytest", "pytest"),
+    ("pytest_xdist", "pytest-xdist"),
+    ("ipython", "IPython"),
+    ("line_profiler", "line_profiler"),
+    ("triton", "triton"),
+    ("suite", "suite"),
+)
+
+
+@dataclass
+class Run:
+    """One benchmark's records in one result file."""
+
+    bench: str
+    file: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, Any]:
+        """Device, date and versions: the environment record's, else the first record's."""
+        found: dict[str, Any] = {}
+        for record in self.records:
+            for key, value in record.items():
+                if key in ("device", "driver", "date") or key in dict(VERSIONS):
+                    found.setdefault(key, value)
+        return found
+
+    @property
+    def date(self) -> str:
+        return str(self.env.get("date", self.file.name[:10]))[:10]
+
+    @property
+    def device(self) -> str:
+        return str(self.env.get("device", "unknown device"))
+
+    def short(self) -> str:
+        """``H100 80GB HBM3, 2026-11-25``."""
+        return f"{self.device.removeprefix('NVIDIA ')}, {self.date}"
+
+    def rows(self, **match: Any) -> list[dict[str, Any]]:
+        return [r for r in self.records if all(r.get(k) == v for k, v in match.items())]
+
+    def one(self, **match: Any) -> dict[str, Any]:
+        found = self.rows(**match)
+        if not found:
+            raise KeyError(f"no record with {match} in {self.file.name}")
+        return found[0]
+
+
+def bench_of(record: dict[str, Any]) -> str | None:
+    name = record.get("bench", record.get("benchmark"))
+    return str(name) if name else None
+
+
+@functools.cache
+def load(folder: Path = RESULTS) -> dict[str, list[Run]]:
+    """``{bench: [runs, oldest first]}`` from every ``*.jsonl`` under ``folder``."""
+    runs: dict[str, list[Run]] = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        by_bench: dict[str, Run] = {}
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path.name}:{number}: {exc}") from None
+            name = bench_of(record)
+            if name is None or "skipped" in record:
+                continue
+            by_bench.setdefault(name, Run(name, path)).records.append(record)
+        for name, run in by_bench.items():
+            runs.setdefault(name, []).append(run)
+    for found in runs.values():
+        found.sort(key=lambda run: (run.date, run.file.name))
+    return runs
+
+
+def latest(bench: str, folder: Path = RESULTS) -> Run:
+    found = load(folder).get(bench)
+    if not found:
+        raise KeyError(f"no result file under {folder} holds benchmark {bench!r}")
+    return found[-1]
+
+
+# ---------------------------------------------------------------------------
+# Figures: a key, the benchmark it comes from, how to read it, how to write it.
+
+
+@dataclass(frozen=True)
+class Figure:
+    bench: str
+    read: Callable[[Run], float]
+    form: str  # str.format of the value; a leading "+" in the result is kept
+    what: str
+
+    def value(self, run: Run) -> float:
+        return float(self.read(run))
+
+    def text(self, run: Run) -> str:
+        return self.form.format(self.value(run)).replace("-", "\u2212")
+
+
+def _suite(run: Run, variant: str, key: str = "ratio") -> float:
+    rows = [r for r in run.records if str(r.get("case", "")).startswith("pytest suite")]
+    return float(next(r for r in rows if r["variant"] == variant)[key])
+
+
+def _case(run: Run, prefix: str, variant: str, key: str = "median") -> float:
+    for r in run.records:
+        if str(r.get("case", "")).startswith(prefix) and r.get("variant") == variant:
+            return float(r[key])
+    raise KeyError(f"{prefix} / {variant}")
+
+
+def _named(run: Run, name: str, key: str = "median") -> float:
+    return float(run.one(name=name)[key])
+
+
+def _loop_ratio(run: Run, name: str, base: str) -> float:
+    return _named(run, name) / _named(run, base)
+
+
+def _suite_wall(run: Run, label: str) -> float:
+    return float(run.one(label=label)["wall_s"])
+
+
+def _summary(run: Run, key: str) -> float:
+    return float(run.one(kind="summary")[key])
+
+
+def _timing(run: Run, workload: str, method: str) -> float:
+    for r in run.rows(kind="summary"):
+        if str(r["workload"]).startswith(workload):
+            return float(r[method])
+    raise KeyError(workload)
+
+
+def _leak(key: str, which: str) -> Callable[[Run], float]:
+    return lambda run: float(run.one()[key][which])
+
+
+FIGURES: dict[str, Figure] = {
+    # bench_leaks.py: the clean-test cost of the leak check.
+    "leaks.check_us": Figure(
+        "leaks", _leak("overhead_per_test_us", "check"), "{:+.0f} µs", "--cuda-leak-check"
+    ),
+    "leaks.trace_us": Figure(
+        "leaks", _leak("overhead_per_test_us", "trace"), "{:+.0f} µs", "with --cuda-leak-trace"
+    ),
+    "leaks.fixture_check_us": Figure(
+        "leaks",
+        _leak("overhead_per_test_us", "fixture check"),
+        "{:+.0f} µs",
+        "--cuda-leak-check, function-scoped CUDA fixture",
+    ),
+    "leaks.anchor_us": Figure(
+        "leaks", _leak("median_per_test_us", "none"), "{:.0f} µs", "a clean test, no check"
+    ),
+    "leaks.check_pct": Figure(
+        "leaks", lambda run: float(run.one()["check_overhead_pct"]), "{:+.1f} %", "check"
+    ),
+    "leaks.trace_pct": Figure(
+        "leaks", lambda run: float(run.one()["trace_overhead_pct"]), "{:+.1f} %", "trace"
+    ),
+    "leaks.torch_ms": Figure(
+        "leaks",
+        lambda run: float(run.one()["overhead_per_test_us"]["torch"]) / 1000,
+        "{:.0f} ms",
+        "PyTorch's CudaMemoryLeakCheck per test",
+    ),
+    # bench_leaks.py --suite: torch_geometric's CUDA tests.
+    "leaks_suite.check_ratio": Figure(
+        "leaks_suite",
+        lambda run: _suite_wall(run, "--cuda-leak-check") / _suite_wall(run, "plugin off"),
+        "{:.3f}",
+        "--cuda-leak-check wall time / plugin off",
+    ),
+    "leaks_suite.loaded_ratio": Figure(
+        "leaks_suite",
+        lambda run: _suite_wall(run, "plugin loaded") / _suite_wall(run, "plugin off"),
+        "{:.3f}",
+        "plugin loaded / plugin off",
+    ),
+    "leaks_suite.changes": Figure(
+        "leaks_suite",
+        lambda run: sum(len(r.get("changed", [])) for r in run.rows()),
+        "{:.0f}",
+        "outcome changes, all configurations",
+    ),
+    "leaks_suite.leaked": Figure(
+        "leaks_suite",
+        lambda run: sum(len(r.get("leaked", [])) for r in run.rows()),
+        "{:.0f}",
+        "LEAKED, all configurations",
+    ),
+    "leaks_suite_torch.ratio": Figure(
+        "leaks_suite_torch",
+        lambda run: float(run.one(label="PyTorch CudaMemoryLeakCheck")["ratio"]),
+        "{:.3f}",
+        "PyTorch's checker, wall time / plugin off",
+    ),
+    "leaks_suite_torch.check_ratio": Figure(
+        "leaks_suite_torch",
+        lambda run: float(run.one(label="--cuda-leak-check")["ratio"]),
+        "{:.3f}",
+        "--cuda-leak-check, wall time / plugin off",
+    ),
+    # bench_sync.py: the post-test check and the debug modes.
+    "sync.health_check_ms": Figure(
+        "sync",
+        lambda run: _case(run, "health check per test", "default"),
+        "{:.3f} ms",
+        "post-test health check per test",
+    ),
+    "sync.hooks_ms": Figure(
+        "sync",
+        lambda run: _case(run, "of which the plugin's hooks", "default"),
+        "{:.3f} ms",
+        "the plugin's hooks per test",
+    ),
+    "sync.per_op_x": Figure(
+        "sync", lambda run: _suite(run, "per-op"), "{:.2f}" + TIMES, "per-op, suite"
+    ),
+    "sync.launch_blocking_x": Figure(
+        "sync",
+        lambda run: _suite(run, "launch-blocking"),
+        "{:.2f}" + TIMES,
+        "launch-blocking, suite",
+    ),
+    "sync.async_error_us": Figure(
+        "sync",
+        lambda run: _case(run, "gpumagic.cuda.async_error()", "idle GPU"),
+        "{:.1f} µs",
+        "async_error() on an idle GPU",
+    ),
+    "sync.async_error_no_context_us": Figure(
+        "sync",
+        lambda run: _case(run, "gpumagic.cuda.async_error()", "no CUDA context"),
+        "{:.2f} µs",
+        "async_error() without a CUDA context",
+    ),
+    "sync.tiny_ops_per_op_x": Figure(
+        "sync",
+        lambda run: _case(run, "tiny ops", "per-op", "ratio"),
+        "{:.2f}" + TIMES,
+        "per-op, 4,000 tiny launches",
+    ),
+    "sync.mlp_per_op_x": Figure(
+        "sync",
+        lambda run: _case(run, "MLP training step", "per-op", "ratio"),
+        "{:.2f}" + TIMES,
+        "per-op, MLP training step",
+    ),
+    "sync.launch_blocking_child_x": Figure(
+        "sync",
+        lambda run: _case(run, "tiny ops", "CUDA_LAUNCH_BLOCKING=1 child", "ratio"),
+        "{:.2f}" + TIMES,
+        "CUDA_LAUNCH_BLOCKING=1, 4,000 tiny launches",
+    ),
+    # bench_plugin_overhead.py: the plugin on a CPU-only suite.
+    "plugin_overhead.whole_pct": Figure(
+        "plugin_overhead",
+        lambda run: float(run.one()["on_overhead_pct"]),
+        "{:+.2f} %",
+        "whole plugin, paired median",
+    ),
+    "plugin_overhead.core_pct": Figure(
+        "plugin_overhead",
+        lambda run: float(run.one()["core_overhead_pct"]),
+        "{:+.2f} %",
+        "core only, paired median",
+    ),
+    "plugin_overhead.discovery_ms": Figure(
+        "plugin_overhead",
+        lambda run: float(run.one()["discovery_median_ms"]),
+        "{:.1f} ms",
+        "device discovery",
+    ),
+    # bench_gpumem.py
+    "gpumem.per_call_ms": Figure(
+        "gpumem", lambda run: _named(run, "gpumem"), "{:.3f} ms", "%gpumem per call"
+    ),
+    "gpumem.cell_added_ms": Figure(
+        "gpumem",
+        lambda run: _named(run, "cell_gpumem_added"),
+        "{:.3f} ms",
+        "%%gpumem added to a one-line cell",
+    ),
+    "gpumem.trace_ops_x": Figure(
+        "gpumem",
+        lambda run: _loop_ratio(run, "loop_ops_trace", "loop_ops"),
+        "{:.3f}" + TIMES,
+        "--trace on a cell of 10,000 multiplies",
+    ),
+    "gpumem.trace_empty_x": Figure(
+        "gpumem",
+        lambda run: _loop_ratio(run, "loop_empty_trace", "loop_empty"),
+        "{:.3f}" + TIMES,
+        "--trace on a cell of 10,000 allocations",
+    ),
+    # bench_gpumem_timeline.py
+    "gpumem_timeline.trace_ops_x": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "loop_ops_trace", "ratio"),
+        "{:.3f}" + TIMES,
+        "--trace on a cell of 10,000 multiplies",
+    ),
+    "gpumem_timeline.timeline_ops_x": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "loop_ops_timeline", "ratio"),
+        "{:.3f}" + TIMES,
+        "--timeline on a cell of 10,000 multiplies",
+    ),
+    "gpumem_timeline.timeline_empty_x": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "loop_empty_timeline", "ratio"),
+        "{:.3f}" + TIMES,
+        "--timeline on a cell of 10,000 allocations",
+    ),
+    "gpumem_timeline.snapshot_ms": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "timeline_breakdown_ops", "snapshot_ms"),
+        "{:.1f} ms",
+        "torch's snapshot of 20,000 events",
+    ),
+    "gpumem_timeline.replay_ms": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "timeline_breakdown_ops", "replay_ms"),
+        "{:.1f} ms",
+        "replaying 20,000 events",
+    ),
+    "gpumem_timeline.svg_ms": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "timeline_breakdown_ops", "svg_ms"),
+        "{:.1f} ms",
+        "drawing the SVG",
+    ),
+    "gpumem_timeline.us_per_event": Figure(
+        "gpumem_timeline",
+        lambda run: (
+            (_named(run, "loop_ops_timeline") - _named(run, "loop_ops"))
+            * 1000
+            / _named(run, "timeline_breakdown_ops", "events")
+        ),
+        "{:.1f} µs",
+        "--timeline's cost per allocator event, cell of multiplies",
+    ),
+    "gpumem_timeline.record_us": Figure(
+        "gpumem_timeline",
+        lambda run: (
+            _named(run, "recording_us_per_allocation", "trace")
+            - _named(run, "recording_us_per_allocation", "off")
+        ),
+        "{:.2f} µs",
+        "recording a Python stack per allocation",
+    ),
+    "gpumem_timeline.events": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "timeline_breakdown_ops", "events"),
+        "{:,.0f}",
+        "allocator events of the cell of multiplies",
+    ),
+    # bench_lprun.py
+    "lprun.share_a_pct": Figure(
+        "lprun",
+        lambda run: _summary(run, "share_a_gpumagic"),
+        "{:.1f} %",
+        "line A's kernel time charged to line A",
+    ),
+    "lprun.share_a_line_profiler_pct": Figure(
+        "lprun",
+        lambda run: _summary(run, "share_a_line_profiler"),
+        "{:.1f} %",
+        "the same, line_profiler alone",
+    ),
+    "lprun.gpu_column_pct": Figure(
+        "lprun",
+        lambda run: _summary(run, "gpu_column_ratio_gpumagic --gpu"),
+        "{:.2f} %",
+        "--gpu's GPU Time of line A / CUPTI",
+    ),
+    "lprun.overhead_us": Figure(
+        "lprun",
+        lambda run: _summary(run, "overhead_us_gpumagic"),
+        "{:.2f} µs",
+        "%lprun per line hit",
+    ),
+    "lprun.sync_us": Figure(
+        "lprun",
+        lambda run: _summary(run, "idle_sync_us"),
+        "{:.2f} µs",
+        "one idle torch.cuda.synchronize()",
+    ),
+    "lprun.launch_x": Figure(
+        "lprun",
+        lambda run: _summary(run, "launch_ms_gpumagic") / _summary(run, "launch_ms_unprofiled"),
+        "{:.2f}" + TIMES,
+        "launch-bound loop under %lprun / unprofiled",
+    ),
+    # bench_timing.py: %cudatime / CUPTI kernel time.
+    "timing.spin_x": Figure(
+        "timing", lambda run: _timing(run, "spin", "gpumagic"), "{:.3f}", "spin 1 ms"
+    ),
+    "timing.copy_x": Figure(
+        "timing", lambda run: _timing(run, "copy", "gpumagic"), "{:.3f}", "copy 4x L2"
+    ),
+    "timing.mm_x": Figure(
+        "timing", lambda run: _timing(run, "bf16 mm", "gpumagic"), "{:.3f}", "bf16 mm 4096"
+    ),
+    "timing.copy_span_x": Figure(
+        "timing",
+        lambda run: _timing(run, "copy", "gpumagic / CUPTI span"),
+        "{:.3f}",
+        "copy 4x L2, against the CUPTI span",
+    ),
+    "timing.mm_span_x": Figure(
+        "timing",
+        lambda run: _timing(run, "bf16 mm", "gpumagic / CUPTI span"),
+        "{:.3f}",
+        "bf16 mm 4096, against the CUPTI span",
+    ),
+    "timing.side_stream_span_x": Figure(
+        "timing",
+        lambda run: _timing(run, "side-stream", "gpumagic / CUPTI span"),
+        "{:.3f}",
+        "side-stream mm, against the CUPTI span",
+    ),
+    "timing.side_stream_x": Figure(
+        "timing", lambda run: _timing(run, "side-stream", "gpumagic"), "{:.3f}", "side stream"
+    ),
+}
+
+
+def figure(key: str, folder: Path = RESULTS) -> tuple[str, float, Run]:
+    """``(text, value, run)`` of a figure of the latest run."""
+    if key not in FIGURES:
+        raise KeyError(f"unknown figure {key!r} (docs/_ext/bench_results.py: FIGURES)")
+    fig = FIGURES[key]
+    run = latest(fig.bench, folder)
+    try:
+        return fig.text(run), fig.value(run), run
+    except (KeyError, StopIteration, TypeError, ValueError) as exc:
+        raise KeyError(f"{key}: not in {run.file.name} ({exc})") from None
+
+
+# ---------------------------------------------------------------------------
+# Tables: one per benchmark, the latest run's.
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def _table_leaks(run: Run) -> Table:
+    r = run.one()
+    med, over = r["median_per_test_us"], r["overhead_per_test_us"]
+    labels = [
+        ("none", "plugin loaded, no leak option (anchor)"),
+        ("check", "`--cuda-leak-check`"),
+        ("trace", "`--cuda-leak-check --cuda-leak-trace`"),
+        ("fixture none", "fixture suite, no leak option (anchor)"),
+        ("fixture check", "fixture suite, `--cuda-leak-check`"),
+        ("torch none", "first 40 tests, no check (anchor)"),
+        ("torch", "first 40 tests, PyTorch's `CudaMemoryLeakCheck`"),
+    ]
+    rows = [
+        [label, f"{med[k]:,.0f}", "" if "none" in k else f"{over[k]:+,.1f}"]
+        for k, label in labels
+        if k in med
+    ]
+    return ["configuration", "median per test (µs)", "overhead per test (µs)"], rows
+
+
+def _table_leaks_suite(run: Run) -> Table:
+    rows = [r for r in run.records if "label" in r]
+    base = next(r["wall_s"] for r in rows if r["label"] == "plugin off")
+    out = []
+    for r in rows:
+        walls = ", ".join(f"{w:.1f}" for w in r.get("walls", []))
+        out.append(
+            [
+                f"`{r['label']}`" if r["label"].startswith("-") else r["label"],
+                f"{r['wall_s']:.1f} s ({walls})",
+                f"{r['wall_s'] / base:.3f}",
+                f"{r.get('teardown_s', 0):.1f} s",
+                str(len(r.get("changed", []))),
+                str(len(r.get("leaked", []))),
+            ]
+        )
+    header = [
+        "configuration",
+        "wall (rounds)",
+        TIMES + " plugin off",
+        "teardown",
+        "changes",
+        "LEAKED",
+    ]
+    return header, out
+
+
+def _table_leaks_suite_torch(run: Run) -> Table:
+    rows = [r for r in run.records if "label" in r]
+    out = [
+        [
+            f"`{r['label']}`" if r["label"].startswith("-") else r["label"],
+            str(r.get("scope", "")),
+            f"{r['wall_s']:.1f} s",
+            f"{r['ratio']:.3f} ({r['anchor_wall_s']:.1f} s)",
+            str(len(r.get("changed", []))),
+            str(len(r.get("leaked", []))),
+        ]
+        for r in rows
+    ]
+    header = ["checker", "tests", "wall", TIMES + " plugin off", "tests it fails", "LEAKED"]
+    return header, out
+
+
+GPUMEM_LABELS = {
+    "gpumem": "`%gpumem` per call (1 device)",
+    "gpumem_o": "`%gpumem -o` (no display)",
+    "memory_summary": "`torch.cuda.memory_summary()`",
+    "list_gpu_processes": "`torch.cuda.list_gpu_processes()`",
+    "gpumem_top": "`%gpumem --top 10`",
+    "cell": "one-line cell alone",
+    "cell_gpumem": "one-line cell under `%%gpumem`",
+    "cell_capture": "one-line cell under `%%capture`",
+    "cell_gpumem_added": "`%%gpumem` added to a one-line cell",
+    "cell_gpumem_beyond_capture": "`%%gpumem` beyond `%%capture`",
+    "loop_ops": "cell alone: `y = x * 2` " + TIMES + "10,000",
+    "loop_ops_gpumem": "`%%gpumem`",
+    "loop_ops_trace": "`%%gpumem --trace`",
+    "loop_ops_timeline": "`%%gpumem --timeline`",
+    "loop_empty": "cell alone: `torch.empty(256)` " + TIMES + "10,000",
+    "loop_empty_gpumem": "`%%gpumem`",
+    "loop_empty_trace": "`%%gpumem --trace`",
+    "loop_empty_timeline": "`%%gpumem --timeline`",
+}
+
+
+def _table_gpumem(run: Run) -> Table:
+    out = []
+    for r in run.records:
+        name = r.get("name")
+        if "median" not in r or name not in GPUMEM_LABELS:
+            continue
+        cells = [
+            GPUMEM_LABELS[name],
+            f"{_ms(r['median'])} ({_ms(r['q1'])} to {_ms(r['q3'])})",
+        ]
+        ratio = r.get("ratio")
+        if ratio is None and name.startswith("loop_") and name.count("_") > 1:
+            ratio = r["median"] / _named(run, "_".join(name.split("_")[:2]))
+        cells.append(f"{ratio:.3f}{TIMES}" if ratio is not None else "")
+        out.append(cells)
+    for r in run.rows(name="timeline_breakdown_ops"):
+        out.append(
+            [
+                f"reading back {r['events']:,} events: snapshot / replay / SVG",
+                f"{r['snapshot_ms']:.1f} / {r['replay_ms']:.1f} / {r['svg_ms']:.1f}",
+                "",
+            ]
+        )
+    for r in run.rows(name="recording_us_per_allocation"):
+        names = {
+            "off": "off",
+            "trace": "--trace",
+            "state_python": "--trace",
+            "timeline": "--timeline",
+            "torch_default_python": "torch's default",
+            "all_python": "torch's default",
+        }
+        keys = [k for k in names if k in r]
+        out.append(
+            [
+                "µs per `torch.empty(256)`: " + " / ".join(names[k] for k in keys),
+                " / ".join(f"{r[k]:.2f}" for k in keys),
+                "",
+            ]
+        )
+    return ["measurement", "median, ms (IQR)", TIMES + " the cell alone"], out
+
+
+def _table_sync(run: Run) -> Table:
+    out = []
+    for r in run.rows():
+        if "case" not in r:
+            continue
+        unit = str(r.get("unit", ""))
+        spread = f"{r['min']:.4g} to {r['max']:.4g}" if "min" in r else ""
+        ratio = f"{r['ratio']:.2f}{TIMES}" if "ratio" in r else ""
+        kernel = f"{r['kernel_ms']:.2f} ms" if "kernel_ms" in r else ""
+        variant = str(r["variant"])
+        out.append(
+            [
+                str(r["case"]),
+                f"`{variant}`" if variant in ("per-op", "launch-blocking") else variant,
+                f"{r['median']:.4g} {unit}",
+                spread,
+                ratio,
+                kernel,
+            ]
+        )
+    return ["case", "variant", "median", "min to max", "ratio", "kernel time"], out
+
+
+def _table_plugin_overhead(run: Run) -> Table:
+    r = run.one()
+    out = []
+    labels = (
+        ("off", "`-p no:cuda` (anchor)"),
+        ("core", "core only (leak and sync modules blocked)"),
+        ("on", "whole plugin, as installed"),
+    )
+    for key, label in labels:
+        times = [t * 1000 for t in r.get(f"{key}_s", [])]
+        q = statistics.quantiles(times, n=4) if len(times) > 1 else [float("nan")] * 3
+        diff = r.get(f"{key}_paired_diff_median_s")
+        out.append(
+            [
+                label,
+                f"{r[f'{key}_median_s'] * 1000:.0f} ({q[0]:.0f} to {q[2]:.0f})",
+                "" if diff is None else f"{diff * 1000:+.1f} ({r[f'{key}_overhead_pct']:+.2f} %)",
+                str(r.get(f"torch_imported_{key}", "")),
+            ]
+        )
+    header = ["run", "median wall, ms (IQR)", "paired diff, ms (%)", "torch imported"]
+    return header, out
+
+
+def _table_lprun(run: Run) -> Table:
+    s = run.one(kind="summary")
+    out = [["line A's CUPTI kernel time", f"{s['cupti_matmul_ms']:.3f} ms"]]
+    for key, value in s.items():
+        if key.startswith("share_a_"):
+            out.append([f"host time on line A / kernel time, {key[8:]}", f"{value:.1f} %"])
+        elif key.startswith("gpu_column_ratio_"):
+            out.append([f"GPU Time of line A / kernel time, {key[17:]}", f"{value:.2f} %"])
+        elif key.startswith("overhead_us_"):
+            out.append([f"overhead per line hit, {key[12:]}", f"{value:.2f} µs"])
+        elif key.startswith("launch_ms_"):
+            out.append([f"launch-bound loop per call, {key[10:]}", f"{value:.3f} ms"])
+    out.append(["one idle `torch.cuda.synchronize()`", f"{s['idle_sync_us']:.2f} µs"])
+    out.append(["the hook's raw synchronize", f"{s['idle_sync_raw_us']:.2f} µs"])
+    return ["measurement", "median"], out
+
+
+def _table_timing(run: Run) -> Table:
+    methods = ("gpumagic", "gpumagic / CUPTI span", "torch Timer", "%timeit", "gpumagic --graph")
+    cold = ("do_bench", "gpumagic --cold")
+    out = []
+    for r in run.rows(kind="summary"):
+        cells = [str(r["workload"])]
+        warm = r.get("cupti_warm_s")
+        cells.append(f"{warm * 1e6:.1f} µs" if warm else "n/a")
+        cells += [f"{r[m]:.3f}" if r.get(m) is not None else "n/a" for m in methods]
+        cold_s = r.get("cupti_cold_s")
+        cells.append(f"{cold_s * 1e6:.1f} µs" if cold_s else "n/a")
+        cells += [f"{r[m]:.3f}" if r.get(m) is not None else "n/a" for m in cold]
+        out.append(cells)
+    header = [
+        "workload",
+        "CUPTI warm",
+        "gpumagic",
+        "÷ CUPTI span",
+        "torch Timer",
+        "`%timeit`",
+        "`--graph`",
+        "CUPTI cold",
+        "do_bench",
+        "`--cold`",
+    ]
+    return header, out
+
+
+def _targets(run: Run) -> Table | None:
+    rows = [
+        [str(t["target"]), str(t["measured"]), "yes" if t.get("met") else "no"]
+        for t in run.rows(kind="target")
+    ]
+    return (["target", "measured", "met"], rows) if rows else None
+
+
+TABLES: dict[str, Callable[[Run], Table]] = {
+    "gpumem": _table_gpumem,
+    "gpumem_timeline": _table_gpumem,
+    "leaks": _table_leaks,
+    "leaks_suite": _table_leaks_suite,
+    "leaks_suite_torch": _table_leaks_suite_torch,
+    "lprun": _table_lprun,
+    "plugin_overhead": _table_plugin_overhead,
+    "sync": _table_sync,
+    "timing": _table_timing,
+}
+
+
+def describe(run: Run) -> str:
+    """One sentence: which script ran where, with which versions, into which file."""
+    env = run.env
+    versions = ", ".join(f"{label} {env[key]}" for key, label in VERSIONS if key in env)
+    driver = f" (driver {env['driver']})" if env.get("driver") else ""
+    return (
+        f"`benchmarks/{SCRIPTS.get(run.bench, run.bench)}` on {run.date}: one "
+        f"{run.device}{driver}; {versions}. Result file: "
+        f"`benchmarks/results/{run.file.name}`."
+    )
+
+
+# ---------------------------------------------------------------------------
+# Sphinx
+
+
+def _inline(text: str) -> list[Any]:
+    """Text with ``code`` spans as literals."""
+    from docutils import nodes
+
+    # An option outside backticks would have its "--" turned into a dash by smartquotes.
+    out: list[Any] = []
+    for i, part in enumerate(re.split(r"`([^`]*)`", text)):
+        if i % 2:
+            out.append(nodes.literal(part, part))
+            continue
+        for j, piece in enumerate(re.split(r"(?<!\S)(--[A-Za-z][\w-]*)", part)):
+            if piece:
+                out.append(nodes.literal(piece, piece) if j % 2 else nodes.Text(piece))
+    return out
+
+
+def _table_node(header: list[str], rows: list[list[str]]) -> Any:
+    from docutils import nodes
+
+    table = nodes.table(classes=["bench-results"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    for _ in header:
+        group += nodes.colspec(colwidth=1)
+
+    def row_node(cells: list[str]) -> Any:
+        row = nodes.row()
+        for cell in cells:
+            entry = nodes.entry()
+            entry += nodes.paragraph("", "", *_inline(cell))
+            row += entry
+        return row
+
+    head = nodes.thead()
+    head += row_node(header)
+    body = nodes.tbody()
+    for cells in rows:
+        body += row_node(cells + [""] * (len(header) - len(cells)))
+    group += head
+    group += body
+    return table
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    from docutils import nodes
+    from sphinx.util import logging
+    from sphinx.util.docutils import SphinxDirective
+
+    logger = logging.getLogger(__name__)
+
+    def bench_role(
+        name: str, rawtext: str, text: str, lineno: int, inliner: Any, **_: Any
+    ) -> tuple[list[Any], list[Any]]:
+        key = text.strip()
+        try:
+            shown, _, run = figure(key)
+        except KeyError as exc:
+            msg = inliner.reporter.error(str(exc), line=lineno)
+            return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+        inliner.document.settings.env.note_dependency(str(run.file))
+        script = SCRIPTS.get(run.bench, run.bench)
+        node = nodes.abbreviation(
+            shown, shown, explanation=f"{script}, {run.short()} ({run.file.name})"
+        )
+        return [node], []
+
+    def date_role(
+        name: str, rawtext: str, text: str, lineno: int, inliner: Any, **_: Any
+    ) -> tuple[list[Any], list[Any]]:
+        try:
+            run = latest(text.strip())
+        except KeyError as exc:
+            msg = inliner.reporter.error(str(exc), line=lineno)
+            return [inliner.problematic(rawtext, rawtext, msg)], [msg]
+        inliner.document.settings.env.note_dependency(str(run.file))
+        return [nodes.Text(run.short())], []
+
+    class BenchRun(SphinxDirective):
+        """The latest run's sentence and table; the directive's content, if any, is shown
+        instead while no result file holds the benchmark (no content: a warning)."""
+
+        required_arguments = 1
+        has_content = True
+
+        def run(self) -> list[Any]:
+            bench = self.arguments[0]
+            if bench not in TABLES:
+                logger.warning(f"unknown benchmark {bench!r}", location=self.get_location())
+                return []
+            try:
+                found = latest(bench)
+            except KeyError as exc:
+                if not self.content:
+                    logger.warning(str(exc), location=self.get_location())
+                    return []
+                return self.parse_content_to_nodes()
+            self.env.note_dependency(str(found.file))
+            header, rows = TABLES[bench](found)
+            shown = [
+                nodes.paragraph("", "", *_inline("Latest run: " + describe(found))),
+                _table_node(header, rows),
+            ]
+            targets = _targets(found)
+            if targets is not None:
+                shown.append(_table_node(*targets))
+            return shown
+
+    class BenchIndex(SphinxDirective):
+        """A table of every benchmark's latest run: device, date, versions, file."""
+
+        def run(self) -> list[Any]:
+            rows = []
+            for bench, runs in sorted(load().items()):
+                run = runs[-1]
+                self.env.note_dependency(str(run.file))
+                env = run.env
+                versions = ", ".join(
+                    f"{label} {env[key]}" for key, label in VERSIONS[:3] if key in env
+                )
+                rows.append(
+                    [
+                        f"`{SCRIPTS.get(bench, bench)}`",
+                        run.date,
+                        run.device,
+                        versions,
+                        f"`{run.file.name}`",
+                    ]
+                )
+            header = ["benchmark", "date", "device", "versions", "result file"]
+            return [_table_node(header, rows)]
+
+    app.add_role("bench", bench_role)
+    app.add_directive("bench-index", BenchIndex)
+    app.add_role("bench-date", date_role)
+    app.add_directive("bench-run", BenchRun)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
