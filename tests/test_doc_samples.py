@@ -47,7 +47,9 @@ HAVE_GPU = cuda.status().available
 NEEDS_GPU = [pytest.mark.cuda, pytest.mark.skipif(not HAVE_GPU, reason="needs a GPU")]
 
 # Blocks marked ``<!-- sample: fragment -->``, and why each cannot be made complete.
-FRAGMENTS: dict[str, str] = {}
+FRAGMENTS: dict[str, str] = {
+    "configuration.md:133": "a line of an IPython profile file, where IPython defines `c`",
+}
 
 # Tests of the test-file samples that fail on a GPU by design (the page says so): the
 # fragment their failure must show. Without a GPU they pass or skip like the rest.
