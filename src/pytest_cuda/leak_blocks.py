@@ -101,11 +101,17 @@ GRAPH_POOL = (
 def _kept_by_library(block: Block, is_user: Callable[[str], bool]) -> tuple[str, str] | None:
     if block.private_pool:
         return GRAPH_POOL, LIBRARY
-    if block.frames and not is_user(block.frames[0].filename):
-        frame = block.frames[0]
+    # The innermost Python frame: a recording with C++ frames (stacks="all", the
+    # user's) puts torch's C++ frames first, which say nothing about whose call it was.
+    frame = next((f for f in block.frames if f.filename.endswith(_PYTHON)), None)
+    if frame is not None and not is_user(frame.filename):
         where = frame.filename.rpartition("site-packages/")[2]
         return f"the C++ side of the library call at {where}:{frame.line} in {frame.name}", LIBRARY
     return None
+
+
+#: What a Python frame's file name ends with (cells: ``<ipython-input-…>``).
+_PYTHON = (".py", ".pyw", ".ipy", ">")
 
 
 def _unshown(*blocks: Block) -> str:

@@ -311,3 +311,14 @@ def test_segments_in_a_private_pool_give_private_blocks() -> None:
         {"device": 0, "blocks": [{**block, "address": 16384}]},
     ]
     assert [b.private_pool for b in blocks_from_segments(segments)] == [False, True, False]
+
+
+def test_cpp_frames_before_the_users_line_do_not_make_it_a_library_call() -> None:
+    # A recording with C++ frames (stacks="all") lists them innermost: the innermost
+    # Python frame decides, here the user's own line.
+    cpp = Frame("/pytorch/c10/cuda/CUDACachingAllocator.cpp", 1234, "malloc")
+    block = Block(0, 1 << 60, 4 << 20, 4 << 20, (cpp, USER_FRAME))
+    objects = gc.get_objects()
+    found = find_block_holders(objects, [block], blob_facts, is_user)
+    del objects
+    assert [(h.kind, h.nbytes) for h in found.holders] == [(UNSHOWN, 4 << 20)]
