@@ -226,10 +226,13 @@ class CellMeter:
                 blocks = blocks_from_segments(
                     snapshot.get("segments") or (), {d.index for d in self.devices}
                 )
+                # Only what this cell's code allocated: a block keeps the stack it was
+                # allocated with for as long as it lives, so blocks from an earlier
+                # recorded cell (or the user's recording) carry stacks of their own.
                 trace = group_by_line(
                     blocks,
                     cell_files=cell_files,
-                    only_cell=self._user_recording,
+                    only_cell=True,
                     is_user=is_user,
                     where=where,
                     source=source,

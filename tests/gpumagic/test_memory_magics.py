@@ -308,6 +308,15 @@ def test_trace_names_the_line_that_allocated_what_is_left(
     assert "In[1] line 2 (make): return gpu.alloc(8 * MiB)  [via In[2] line 4]" in text
 
 
+def test_trace_lists_only_what_this_cell_allocated(shell: InteractiveShell, gpu: FakeGpu) -> None:
+    # The allocator keeps the stack of a block allocated while an earlier --trace cell
+    # recorded; a later --trace cell must not charge that block to itself.
+    shell.run_cell("%%gpumem --trace\nearlier = gpu.alloc(2 * MiB)\n", store_history=True)
+    shell.run_cell("%%gpumem --trace -o\nlater = gpu.alloc(4 * MiB)\n", store_history=True)
+    trace = shell.user_ns["_"].to_dict()["trace"]
+    assert [(t["where"], t["nbytes"]) for t in trace] == [("In[2] line 1", 4 * MiB)]
+
+
 def test_trace_keeps_the_users_own_recording(shell: InteractiveShell, gpu: FakeGpu) -> None:
     gpu.user_recording = True
     old = gpu.alloc(MiB)  # recorded by the user's recording, before the cell
