@@ -295,22 +295,7 @@ class CellMemResult:
                 }
                 for c in report.changes
             ],
-            "trace": None
-            if report.trace is None
-            else [
-                {
-                    "where": t.where,
-                    "filename": t.filename,
-                    "line": t.line,
-                    "function": t.function,
-                    "source": t.source,
-                    "nbytes": t.nbytes,
-                    "blocks": t.blocks,
-                    "devices": list(t.devices),
-                    "via": t.via,
-                }
-                for t in report.trace
-            ],
+            "trace": None if report.trace is None else [t.to_dict() for t in report.trace],
             "timeline": None
             if report.timelines is None
             else [t.to_dict() for t in report.timelines],

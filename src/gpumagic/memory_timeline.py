@@ -96,19 +96,7 @@ class Timeline:
             "peak_index": self.peak_index,
             "peak_time_us": self.times_us[self.peak_index],
             "before_cell": self.before_cell,
-            "at_peak": [
-                {
-                    "where": t.where,
-                    "filename": t.filename,
-                    "line": t.line,
-                    "function": t.function,
-                    "source": t.source,
-                    "nbytes": t.nbytes,
-                    "blocks": t.blocks,
-                    "via": t.via,
-                }
-                for t in self.at_peak
-            ],
+            "at_peak": [t.to_dict() for t in self.at_peak],
         }
 
 

@@ -321,6 +321,20 @@ class TraceLine:
     devices: tuple[int, ...]
     via: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The line as plain JSON types."""
+        return {
+            "where": self.where,
+            "filename": self.filename,
+            "line": self.line,
+            "function": self.function,
+            "source": self.source,
+            "nbytes": self.nbytes,
+            "blocks": self.blocks,
+            "devices": list(self.devices),
+            "via": self.via,
+        }
+
 
 @dataclass
 class _LineTotal:
