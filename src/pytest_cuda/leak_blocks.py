@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from gpumagic.stacks import is_python_file
 from pytest_cuda.leak_holders import (
     LIBRARY,
     NO_TENSOR,
@@ -72,11 +73,11 @@ def find_block_holders(
     hidden: dict[tuple[str, str], list[Block]] = {}
     for block in blocks:
         if (block.device, block.address) not in shown:
-            why = _kept_by_library(block, is_user) or (_unshown(block), UNSHOWN)
+            why = _kept_by_library(block, is_user) or ("", UNSHOWN)
             hidden.setdefault(why, []).append(block)
     extra = [
         LeakHolder(
-            path if kind != UNSHOWN else _unshown(*group),
+            path or _unshown(*group),
             kind,
             sum(b.size for b in group),
             tuple(sorted({f"cuda:{b.device}" for b in group})),
@@ -103,15 +104,11 @@ def _kept_by_library(block: Block, is_user: Callable[[str], bool]) -> tuple[str,
         return GRAPH_POOL, LIBRARY
     # The innermost Python frame: a recording with C++ frames (stacks="all", the
     # user's) puts torch's C++ frames first, which say nothing about whose call it was.
-    frame = next((f for f in block.frames if f.filename.endswith(_PYTHON)), None)
+    frame = next((f for f in block.frames if is_python_file(f.filename)), None)
     if frame is not None and not is_user(frame.filename):
         where = frame.filename.rpartition("site-packages/")[2]
         return f"the C++ side of the library call at {where}:{frame.line} in {frame.name}", LIBRARY
     return None
-
-
-#: What a Python frame's file name ends with (cells: ``<ipython-input-…>``).
-_PYTHON = (".py", ".pyw", ".ipy", ">")
 
 
 def _unshown(*blocks: Block) -> str:
