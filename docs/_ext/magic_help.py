@@ -27,13 +27,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sphinx.application import Sphinx
+
+T = TypeVar("T")
 
 
 class MagicOption(NamedTuple):
@@ -124,6 +128,21 @@ def magic_help(target: str) -> str:
     return str(doc)
 
 
+def _read(directive: SphinxDirective, name: str, read: Callable[[str], T]) -> T:
+    """``read(target)`` for the directive's ``module:Class.method`` argument, the
+    module's file noted as a dependency of the page; a bad target is the directive's
+    error."""
+    target = directive.arguments[0]
+    try:
+        found = read(target)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise directive.error(f"{name} {target}: {exc}") from None
+    module = importlib.import_module(target.partition(":")[0])
+    if module.__file__:
+        directive.env.note_dependency(module.__file__)
+    return found
+
+
 class MagicHelp(SphinxDirective):
     """``{magic-help} module:Class.method``: the magic's help as a literal block."""
 
@@ -132,14 +151,7 @@ class MagicHelp(SphinxDirective):
     option_spec: ClassVar[dict[str, Any]] = {}
 
     def run(self) -> list[nodes.Node]:
-        target = self.arguments[0]
-        try:
-            text = magic_help(target)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise self.error(f"magic-help {target}: {exc}") from None
-        module = importlib.import_module(target.partition(":")[0])
-        if module.__file__:
-            self.env.note_dependency(module.__file__)
+        text = _read(self, "magic-help", magic_help)
         block = nodes.literal_block(text, text)
         block["language"] = "text"
         self.set_source_info(block)
@@ -154,14 +166,7 @@ class MagicOptionSections(SphinxDirective):
     option_spec: ClassVar[dict[str, Any]] = {}
 
     def run(self) -> list[nodes.Node]:
-        target = self.arguments[0]
-        try:
-            options = magic_options(target)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise self.error(f"magic-option-sections {target}: {exc}") from None
-        module = importlib.import_module(target.partition(":")[0])
-        if module.__file__:
-            self.env.note_dependency(module.__file__)
+        options = _read(self, "magic-option-sections", magic_options)
         sections: list[nodes.Node] = []
         for option in options:
             section = nodes.section(ids=[option.label], names=[option.label])

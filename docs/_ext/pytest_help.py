@@ -111,13 +111,8 @@ def _entry_name(entry: list[str]) -> str:
     return re.split(r"[\s=,]", entry[0].strip(), maxsplit=1)[0]
 
 
-def cuda_help(options: list[str] | None = None) -> str:
-    """pytest_cuda's option group and ini options from ``pytest --help``.
-
-    With ``options`` (option names such as ``--cuda-require``, ini names such as
-    ``cuda_devices``), only those entries, in pytest's order and layout.
-    """
-    text = pytest_output("--help")
+def _cuda_groups(text: str) -> list[list[str]]:
+    """The option groups of ``pytest --help`` that hold ``--cuda-*`` options."""
     groups = [
         b
         for b in _blocks(text.splitlines())
@@ -127,6 +122,17 @@ def cuda_help(options: list[str] | None = None) -> str:
     ]
     if not groups:
         raise ValueError("pytest --help shows no option group with --cuda-* options")
+    return groups
+
+
+def cuda_help(options: list[str] | None = None) -> str:
+    """pytest_cuda's option group and ini options from ``pytest --help``.
+
+    With ``options`` (option names such as ``--cuda-require``, ini names such as
+    ``cuda_devices``), only those entries, in pytest's order and layout.
+    """
+    text = pytest_output("--help")
+    groups = _cuda_groups(text)
     heading, ini = _ini_options(text)
     if not options:
         parts = ["\n".join(g) for g in groups]
@@ -201,15 +207,7 @@ def cuda_option_entries() -> list[OptionEntry]:
     """Every ``--cuda-*`` option, then every ``cuda*`` ini key, as ``pytest --help``
     shows them (in its order)."""
     text = pytest_output("--help")
-    groups = [
-        b
-        for b in _blocks(text.splitlines())
-        if b[0].endswith(":")
-        and not b[0].startswith(" ")
-        and any(line.startswith("  --cuda-") for line in b[1:])
-    ]
-    if not groups:
-        raise ValueError("pytest --help shows no option group with --cuda-* options")
+    groups = _cuda_groups(text)
     flags = [_entry(e, "option") for g in groups for e in _entries(g[1:], 2)]
     _, ini = _ini_options(text)
     return flags + [_entry(e, "ini") for e in ini]
