@@ -103,11 +103,18 @@ def run_ranks(
     devices = [f"cuda:{i}" for i in job.devices] or ["cpu"] * job.spec.world_size
     stop = time.monotonic()
     outcomes = [
-        _outcome(folder, rank, proc, devices[rank], stopped=rank in stopped)
+        _outcome(
+            folder,
+            rank,
+            proc,
+            devices[rank],
+            stopped=rank in stopped,
+            start=start,
+            ended=ended.get(rank, stop),
+        )
         for rank, proc in enumerate(procs)
     ]
     for outcome in outcomes:
-        outcome.finished_at = ended.get(outcome.rank, stop) - start
         if outcome.state in ("stopped", "exited"):
             outcome.seconds = outcome.finished_at
     return outcomes, timed_out
@@ -213,8 +220,19 @@ def _read(path: Path) -> str:
 
 
 def _outcome(
-    folder: Path, rank: int, proc: subprocess.Popen[bytes], device: str, *, stopped: bool
+    folder: Path,
+    rank: int,
+    proc: subprocess.Popen[bytes],
+    device: str,
+    *,
+    stopped: bool,
+    start: float,
+    ended: float,
 ) -> RankOutcome:
+    """How ``rank`` ended, from its files. ``finished_at`` (seconds since ``start``):
+    when the rank says it failed (``time.monotonic()``, one clock for every process of
+    the host), else ``ended``, when the launcher saw it end; a rank that failed
+    because another did may end within the same poll."""
     out = _read(folder / f"rank{rank}.out")
     err = _read(folder / f"rank{rank}.err")
     stack = _read(stack_path(folder, rank)) if stopped else ""
@@ -238,11 +256,19 @@ def _outcome(
             warnings=[tuple(w) for w in record.get("warnings", [])],
             waiting=waiting,
             stack=stack if waiting else "",
+            finished_at=float(record.get("at", ended)) - start,
         )
     if stopped:
         started = started_path(folder, rank).exists()
         return RankOutcome(
-            rank, device, "stopped", stack=stack, stdout=out, stderr=err, started=started
+            rank,
+            device,
+            "stopped",
+            stack=stack,
+            stdout=out,
+            stderr=err,
+            started=started,
+            finished_at=ended - start,
         )
     code = proc.returncode
     how = _exit_text(code)
@@ -254,6 +280,7 @@ def _outcome(
         stdout=out,
         stderr=err,
         exit_code=code,
+        finished_at=ended - start,
     )
 
 

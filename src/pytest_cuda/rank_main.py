@@ -124,7 +124,9 @@ class _Rank:
                 finally:
                     self.warnings += recorded
         except BaseException as exc:
-            return _failure(exc, self.job)
+            # When it failed (see rank_launch._outcome).
+            at = time.monotonic()
+            return {**_failure(exc, self.job), "at": at}
 
     def _body(self) -> dict[str, Any]:
         from gpumagic import cuda

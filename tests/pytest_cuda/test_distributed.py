@@ -10,7 +10,9 @@ same tests on two real GPUs are in ``test_distributed_gpu.py``.
 
 from __future__ import annotations
 
+import json
 import os
+import types
 from typing import TYPE_CHECKING
 
 import pytest
@@ -25,6 +27,8 @@ from pytest_cuda.distributed import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conftest import FakeGpus
 
 PLANTED = """
@@ -221,6 +225,27 @@ def test_a_rank_that_died_is_reported_with_its_exit() -> None:
     assert result.text.splitlines()[0] == "test_x: rank 1 of 2 failed: killed by SIGSEGV"
     assert "rank 1 (cuda:1): the process ended after 0.5 s without a result" in result.text
     assert "    boom" in result.text
+
+
+def test_the_first_rank_to_fail_is_the_one_that_failed_first(tmp_path: Path) -> None:
+    # Rank 1 fails; rank 0 fails 0.2 s later because rank 1 went away. The launcher
+    # saw both end in the same poll: the ranks' own times decide which came first.
+    from pytest_cuda.rank_launch import _outcome
+    from pytest_cuda.rank_main import result_path
+
+    start = 100.0
+    failures = {0: ("RuntimeError: Connection closed by peer", 101.7), 1: ("planted", 101.5)}
+    for rank, (message, at) in failures.items():
+        record = {"state": "failed", "message": message, "at": at}
+        result_path(tmp_path, rank).write_text(json.dumps(record))
+    ended = types.SimpleNamespace(returncode=1)
+    outcomes = [
+        _outcome(tmp_path, rank, ended, "cpu", stopped=False, start=start, ended=102.0)  # type: ignore[arg-type]
+        for rank in (0, 1)
+    ]
+    assert [round(o.finished_at, 3) for o in outcomes] == [1.7, 1.5]
+    result = verdict(outcomes, DistributedSpec(backend="gloo"), timed_out=None, name="t")
+    assert result.text.splitlines()[0] == "t: rank 1 of 2 failed: planted"
 
 
 def test_a_skipped_rank_skips_the_test() -> None:
