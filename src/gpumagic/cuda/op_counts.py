@@ -202,19 +202,11 @@ def _byte_counter_class() -> type:
                 totals.bytes += moved
                 data = next((t for t in (*inputs, *outputs) if t.is_floating_point()), None)
                 if moved and data is not None:
-                    key = _PLAIN.get(str(data.dtype), str(data.dtype).removeprefix("torch."))
+                    key = _dtype_name(torch, data.dtype)
                     totals.bytes_by_dtype[key] = totals.bytes_by_dtype.get(key, 0) + moved
             return out
 
     return ByteCounter
-
-
-_PLAIN = {
-    "torch.float32": "fp32",
-    "torch.bfloat16": "bf16",
-    "torch.float16": "fp16",
-    "torch.float64": "fp64",
-}
 
 
 def _name(func: Any) -> str:
@@ -235,7 +227,17 @@ def _precision(torch: Any, func: Any, inputs: list[Any]) -> str:
         backends = torch.backends
         allowed = backends.cudnn.allow_tf32 if convolution else backends.cuda.matmul.allow_tf32
         return "tf32" if allowed else "fp32"
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+    return _dtype_name(torch, dtype)
+
+
+def _dtype_name(torch: Any, dtype: Any) -> str:
+    """``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp64"``, ``"fp8"``, else torch's name."""
+    names = {
+        torch.float32: "fp32",
+        torch.bfloat16: "bf16",
+        torch.float16: "fp16",
+        torch.float64: "fp64",
+    }
     if dtype in names:
         return names[dtype]
     if "float8" in str(dtype):
