@@ -3,6 +3,8 @@
 * ``%%gpumem --timeline`` on a cell of 10,000 small ops (``y = x * 2``: a kernel and an
   allocation each), against the cell alone, plain ``%%gpumem`` and ``--trace``.
   Target: adds <= 25 %.
+* The same cell under ``--timeline``'s recording alone, nothing read back: the part
+  of the cost that is torch's stack capture.
 * The same on the worst case, a bare loop of ``torch.empty(256)``, for reference.
 * Where the time goes, once per run: the allocator events of the ops cell, the time of
   ``torch.cuda.memory._snapshot()`` with them, and of the replay
@@ -29,18 +31,39 @@ import statistics
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench_gpumem import cell, interleaved, quantiles
 from gpumagic import cuda
+from gpumagic.gc_pause import paused_gc
 from gpumagic.memory_svg import timeline_svg
 from gpumagic.memory_timeline import TIMELINE_MAX_ENTRIES, build_timeline
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 SETUP = "import torch\nx = torch.randn(4096, device='cuda')\ntorch.cuda.synchronize()\n"
 LOOP_OPS = "for _ in range(10_000):\n    y = x * 2\ntorch.cuda.synchronize()\n"
 LOOP_EMPTY = (
     "for _ in range(10_000):\n    t = torch.empty(256, device='cuda')\ntorch.cuda.synchronize()\n"
 )
+
+
+def recorded(shell: Any, source: str) -> Callable[[], object]:
+    """The cell under ``--timeline``'s recording setting with nothing read back: what
+    torch's stack capture alone costs (the floor of any timeline built on it)."""
+    run = cell(shell, source)
+
+    def run_recorded() -> object:
+        cuda.start_memory_history(
+            TIMELINE_MAX_ENTRIES, events=True, skip_actions=("free_completed",)
+        )
+        try:
+            return run()
+        finally:
+            cuda.stop_memory_history()
+
+    return run_recorded
 
 
 def recording_cost(torch: Any, allocations: int = 20_000) -> dict[str, float]:
@@ -84,21 +107,23 @@ def breakdown(shell: Any, torch: Any) -> dict[str, float]:
     try:
         start_requested = cuda.allocator_stats(0).requested
         shell.run_cell(LOOP_OPS)
-        began = time.perf_counter()
-        snapshot = cuda.memory_snapshot()
-        snapshot_ms = (time.perf_counter() - began) * 1e3
+        with paused_gc():  # as %%gpumem reads it
+            began = time.perf_counter()
+            snapshot = cuda.memory_snapshot()
+            snapshot_ms = (time.perf_counter() - began) * 1e3
     finally:
         cuda.stop_memory_history()
     events = snapshot["device_traces"][0]
-    began = time.perf_counter()
-    timeline = build_timeline(
-        events,
-        device=0,
-        start_allocated=start_requested,
-        start_reserved=cuda.allocator_stats(0).reserved,
-        end_allocated=cuda.allocator_stats(0).requested,
-    )
-    replay_ms = (time.perf_counter() - began) * 1e3
+    with paused_gc():
+        began = time.perf_counter()
+        timeline = build_timeline(
+            events,
+            device=0,
+            start_allocated=start_requested,
+            start_reserved=cuda.allocator_stats(0).reserved,
+            end_allocated=cuda.allocator_stats(0).requested,
+        )
+        replay_ms = (time.perf_counter() - began) * 1e3
     began = time.perf_counter()
     timeline_svg(timeline, "cuda:0")
     svg_ms = (time.perf_counter() - began) * 1e3
@@ -147,6 +172,7 @@ def main() -> int:
                 f"loop_{label}_gpumem": cell(shell, "%%gpumem\n" + body),
                 f"loop_{label}_trace": cell(shell, "%%gpumem --trace\n" + body),
                 f"loop_{label}_timeline": cell(shell, "%%gpumem --timeline\n" + body),
+                f"loop_{label}_recording": recorded(shell, body),
             },
             repeats=args.repeats,
             warmup=2,
@@ -188,6 +214,8 @@ def main() -> int:
             if label == "ops" and option == "timeline":
                 target, met = "≤ +25 %", "yes" if ratios[name] <= 1.25 else "no"
             print(f"| `%%gpumem{flag}` | {ms(name)} | {ratios[name]:.3f}x | {target} | {met} |")
+        name = f"loop_{label}_recording"
+        print(f"| `--timeline`'s recording alone | {ms(name)} | {ratios[name]:.3f}x | | |")
     print(
         f"| `--timeline` on the ops cell: {parts['events']} events "
         f"(complete: {parts['complete']}); snapshot / replay / SVG (ms) | "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
+from gpumagic.gc_pause import paused_gc
 from gpumagic.memory import PeakReset
 from gpumagic.memory_timeline import TIMELINE_MAX_ENTRIES, Timeline, build_timeline
 from gpumagic.stacks import TraceLine, blocks_from_segments, group_by_line
@@ -216,6 +217,20 @@ class CellMeter:
     ) -> CellMemoryReport:
         """Read the counters after the cell; with ``trace`` group what is still
         allocated by line (``cell_files``: the cell's own source files)."""
+        # With --trace or --timeline the snapshot builds a dict per allocator event (and
+        # per block): a collection started among them would walk the whole process, often
+        # more than once. They are all gone again when _finish returns.
+        with paused_gc():
+            return self._finish(cell_files=cell_files, is_user=is_user, where=where, source=source)
+
+    def _finish(
+        self,
+        *,
+        cell_files: frozenset[str],
+        is_user: Callable[[str], bool],
+        where: Callable[[str, int], str],
+        source: Callable[[str, int], str],
+    ) -> CellMemoryReport:
         trace: tuple[TraceLine, ...] | None = None
         notes = list(self._notes)
         snapshot: dict[str, Any] = {}

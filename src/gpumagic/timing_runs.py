@@ -10,7 +10,6 @@ sizing, stopping and warnings are :mod:`gpumagic.timing_plan`'s. CUDA only throu
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import linecache
 import os
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumagic import cuda
+from gpumagic.gc_pause import paused_gc
 from gpumagic.timing_counts import count_work, set_peaks
 from gpumagic.timing_plan import (
     MIN_RUNS,
@@ -126,15 +126,10 @@ class Timer:
 
     # -- host timing ------------------------------------------------------------------
     def _host_run(self, n: int) -> Run:
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_gc():
             t0 = self.clock()
             self.call(n)
             elapsed = self.clock() - t0
-        finally:
-            if gc_was_enabled:
-                gc.enable()
         return Run(n, float("nan"), elapsed, elapsed)
 
     def _host(self, first_call: float | None) -> Measured:
@@ -232,16 +227,11 @@ class Timer:
             for d in devices:
                 cuda.spin(d, SPIN_US)
         starts = [cuda.record_event(d) for d in devices]
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_gc():
             t0 = self.clock()
             run(n)
             t_enqueued = self.clock()
             ends, t_end, t1 = self._finish()
-        finally:
-            if gc_was_enabled:
-                gc.enable()
         spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
         return Run(n, max(spans), t1 - t0, t_enqueued - t0, t1 - t_end)
 

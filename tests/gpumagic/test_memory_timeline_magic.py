@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from memory_fake import FakeGpu, GiB, MiB
@@ -57,6 +57,30 @@ def test_recording_is_the_cheap_setting_and_is_switched_off(
         "skip_actions": ("free_completed",),
     }
     assert not gpu.recording
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(
+    shell: InteractiveShell, gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
+    # The snapshot and the replay run with the collector off; a user's choice stands.
+    import gc
+
+    seen: list[bool] = []
+    snapshot = gpu.snapshot
+
+    def watched() -> dict[str, Any]:
+        seen.append(gc.isenabled())
+        return snapshot()
+
+    gpu.seam.overrides["memory_snapshot"] = watched
+    (gc.enable if enabled else gc.disable)()
+    try:
+        shell.run_cell_magic("gpumem", "--timeline -o", CELL)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen == [False]
 
 
 def test_an_exception_in_the_cell_still_draws_and_switches_recording_off(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gpumagic.cuda import discovery
 from gpumagic.cuda.discovery import CudaUnavailable, devices, is_initialized, torch_module
+from gpumagic.gc_pause import paused_gc
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -232,7 +233,6 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
     by ``run`` during the warm-up is the body's own and propagates unchanged; a failure
     during capture becomes :class:`GraphCaptureError` with the reason.
     """
-    import gc
     import warnings
 
     torch = torch_module()
@@ -245,10 +245,8 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
         current.wait_stream(side)
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            with paused_gc(), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with torch.cuda.graph(graph):
                     run(iterations)
@@ -257,9 +255,6 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
                 torch.cuda.synchronize(device)
             _reset_capture_state(device)
             raise GraphCaptureError(_capture_reason(exc)) from exc
-        finally:
-            if gc_was_enabled:
-                gc.enable()
         if any("empty" in str(w.message).lower() for w in caught):
             raise GraphCaptureError(
                 "the body launched no GPU work while it was captured (CPU tensors?), "
