@@ -26,6 +26,7 @@ block that is deliberately incomplete (not run; see :data:`FRAGMENTS`).
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -54,6 +55,7 @@ FRAGMENTS: dict[str, str] = {
 # Tests of the test-file samples that fail on a GPU by design (the page says so): the
 # fragment their failure must show. Without a GPU they pass or skip like the rest.
 FAILS_ON_GPU = {
+    "test_step_logs_its_loss": "cuda_no_sync: implicit host-device synchronization: Tensor.item()",
     "test_fixture_block": "cuda_no_sync: implicit host-device synchronization: Tensor.item()",
 }
 
@@ -209,10 +211,18 @@ def test_samples_run_in_a_shell(page: str, gpu: bool) -> None:
 
 @pytest.mark.parametrize("block", TEST_FILES, ids=[b.id for b in TEST_FILES])
 def test_test_file_samples_pass(block: Block, pytester: pytest.Pytester) -> None:
-    name = "test_" + re.sub(r"\W", "_", block.id.removesuffix(".md").replace(".md", ""))
+    # A sample whose first line is ``# test_name.py`` is saved under that name, as the
+    # page tells the reader to (its output names that file).
+    named = re.match(r"# (test_\w+)\.py\n", block.body)
+    name = named.group(1) if named else "test_" + re.sub(r"\W", "_", block.id.replace(".md", ""))
     pytester.makepyfile(**{name: block.body})
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rA")
     output = result.stdout.str()
+    if outputs := os.environ.get("GPUMAGIC_DOC_OUTPUTS"):
+        # The transcript a page quotes, from the machine that ran it (the GPU check).
+        path = Path(outputs) / f"{block.id.replace('/', '_').replace(':', '_')}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"$ pytest {name}.py\n{output}\n")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) + outcomes.get("failed", 0)
     assert "error" not in outcomes, output

@@ -369,6 +369,12 @@ FIGURES: dict[str, Figure] = {
         "{:.3f}" + TIMES,
         "--timeline on a cell of 10,000 multiplies",
     ),
+    "gpumem_timeline.recording_ops_x": Figure(
+        "gpumem_timeline",
+        lambda run: _named(run, "loop_ops_recording", "ratio"),
+        "{:.3f}" + TIMES,
+        "--timeline's recording alone on a cell of 10,000 multiplies",
+    ),
     "gpumem_timeline.timeline_empty_x": Figure(
         "gpumem_timeline",
         lambda run: _named(run, "loop_empty_timeline", "ratio"),
@@ -590,10 +596,12 @@ GPUMEM_LABELS = {
     "loop_ops_gpumem": "`%%gpumem`",
     "loop_ops_trace": "`%%gpumem --trace`",
     "loop_ops_timeline": "`%%gpumem --timeline`",
+    "loop_ops_recording": "`--timeline`'s recording alone, nothing read back",
     "loop_empty": "cell alone: `torch.empty(256)` " + TIMES + "10,000",
     "loop_empty_gpumem": "`%%gpumem`",
     "loop_empty_trace": "`%%gpumem --trace`",
     "loop_empty_timeline": "`%%gpumem --timeline`",
+    "loop_empty_recording": "`--timeline`'s recording alone, nothing read back",
 }
 
 

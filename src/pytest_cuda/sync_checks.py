@@ -117,10 +117,12 @@ def no_implicit_sync(config: pytest.Config) -> Iterator[None]:
             error.__traceback__, FrameFilter.default().is_user, relative_to=config.rootpath
         )
         where = f" at {site.describe()}" if site else ""
-        pytest.fail(
+        # from None: the report is this one line, not torch's error followed by "During
+        # handling of the above exception, another exception occurred".
+        raise pytest.fail.Exception(
             f"cuda_no_sync: implicit host-device synchronization: {describe_sync_op(op)}{where}",
             pytrace=False,
-        )
+        ) from None
 
 
 # ---------------------------------------------------------------------------

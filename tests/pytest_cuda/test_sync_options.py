@@ -3,11 +3,13 @@ CUDA_LAUNCH_BLOCKING set early and put back, and what happens without a GPU."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
 from gpumagic import cuda
+from gpumagic.devices import CudaStatus
 
 ENV_PROBE_CONFTEST = """
 import os
@@ -297,3 +299,18 @@ def test_an_initialised_context_is_fine_when_the_environment_already_blocks(
     )
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["test_ok.py::test_ok"])
+
+
+def test_an_implicit_sync_fails_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
+) -> None:
+    # torch's error (raised in the block) is replaced by the report, not chained to it.
+    from pytest_cuda.sync_checks import no_implicit_sync
+
+    monkeypatch.setattr(cuda, "status", lambda: CudaStatus(True, ""))
+    monkeypatch.setattr(cuda, "forbid_implicit_sync", contextlib.nullcontext)
+    with pytest.raises(pytest.fail.Exception) as caught, no_implicit_sync(pytestconfig):
+        raise RuntimeError(cuda.SYNC_WARNING_MESSAGE)
+    assert str(caught.value).startswith("cuda_no_sync: implicit host-device synchronization:")
+    assert caught.value.__suppress_context__
+    assert "During handling" not in str(caught.getrepr(style="value"))
