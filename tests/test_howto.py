@@ -15,6 +15,8 @@ checked too (a leak is reported, the culprit of a device-side assert is named).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -195,10 +197,20 @@ def test_ipython_cells_run_as_written(page: str) -> None:
 
     InteractiveShell.clear_instance()
     shell = InteractiveShell.instance()
+    # The transcript the page quotes, from the machine that ran it (the GPU check).
+    outputs = os.environ.get("GPUMAGIC_DOC_OUTPUTS")
+    transcript: list[str] = []
     try:
-        for cell in PAGES[page].cells:
-            result = shell.run_cell(cell, store_history=True)
+        for number, cell in enumerate(PAGES[page].cells, 1):
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                result = shell.run_cell(cell, store_history=True)
+            sys.stdout.write(printed.getvalue())
+            transcript.append(f"In [{number}]: {cell}\n{printed.getvalue()}")
             assert result.success, (page, cell, result.error_before_exec, result.error_in_exec)
     finally:
+        if outputs:
+            path = Path(outputs) / f"howto_{page}_cells.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(transcript))
         shell.run_line_magic("unload_ext", "gpumagic")
         InteractiveShell.clear_instance()
