@@ -178,6 +178,7 @@ def test_graph_removes_launch_overhead_of_a_tiny_op(shell: InteractiveShell, tor
 def test_graph_capture_failure_says_why_and_falls_back(shell: InteractiveShell, torch: Any) -> None:
     x = torch.ones(1024, device="cuda")
     shell.user_ns.update(x=x)
+    stream = torch.cuda.current_stream()
     r = cudatime(shell, "--graph", "y = x * 2\nv = y.sum().item()")
     assert r.mode == "eager"
     assert any(
@@ -189,6 +190,17 @@ def test_graph_capture_failure_says_why_and_falls_back(shell: InteractiveShell, 
     # in every capture), timing and capturing still work.
     assert not torch.cuda.is_current_stream_capturing()
     assert torch.randn(8, device="cuda").shape == (8,)
+    # ... the caller's stream is current again (torch leaves its capture stream current
+    # when ending the capture fails) ...
+    assert torch.cuda.current_stream() == stream
+    # ... and empty_cache() still returns memory (torch's allocator believes a failed
+    # capture is still under way, and then releases nothing, until told it ended).
+    torch.cuda.empty_cache()
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # a segment of its own
+    del big
+    reserved = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= reserved - 256 * 2**20
     assert cudatime(shell, "--graph x.add_(1.0)").mode == "graph"
     again = cudatime(shell, "x.add_(1.0)")
     assert again.mode == "eager"

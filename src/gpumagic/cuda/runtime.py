@@ -245,15 +245,23 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
         current.wait_stream(side)
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
+        # A pool of our own: a capture that fails never tells the allocator it ended.
+        pool = torch.cuda.graph_pool_handle()
         try:
-            with paused_gc(), warnings.catch_warnings(record=True) as caught:
+            # torch.cuda.graph leaves its capture stream current when ending the capture
+            # fails; the outer stream context puts the caller's stream back.
+            with (
+                torch.cuda.stream(current),
+                paused_gc(),
+                warnings.catch_warnings(record=True) as caught,
+            ):
                 warnings.simplefilter("always")
-                with torch.cuda.graph(graph):
+                with torch.cuda.graph(graph, pool=pool):
                     run(iterations)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(device)
-            _reset_capture_state(device)
+            _reset_capture_state(device, pool)
             raise GraphCaptureError(_capture_reason(exc)) from exc
         if any("empty" in str(w.message).lower() for w in caught):
             raise GraphCaptureError(
@@ -266,15 +274,24 @@ def capture_graph(run: Callable[[int], object], iterations: int, device: int) ->
     return replay
 
 
-def _reset_capture_state(device: int) -> None:
+def _reset_capture_state(device: int, pool: object) -> None:
     """Undo what a failed capture leaves behind.
 
-    When ending a capture fails, torch's ``CUDAGraph::capture_end`` throws before its
-    generators' capture epilogue runs, so the CUDA RNG stays in capture mode and every
-    later random op fails ("Offset increment outside graph capture encountered
-    unexpectedly"). A trivial capture that succeeds runs the epilogue and puts it back.
+    When ending a capture fails (``cudaStreamEndCapture`` reports the error that broke
+    it), torch's ``CUDAGraph::capture_end`` throws before it tells the caching allocator
+    that the capture into ``pool`` ended and before its generators' capture epilogue
+    runs. Left so, the allocator believes a capture is still under way, and
+    ``torch.cuda.empty_cache()`` releases nothing for the rest of the process; the CUDA
+    RNG stays in capture mode, and every later random op fails ("Offset increment
+    outside graph capture encountered unexpectedly"). The allocator is told the capture
+    ended and the pool is given up (its blocks become releasable); a trivial capture
+    that succeeds runs the epilogue and puts the RNG back.
     """
     torch = torch_module()
+    with contextlib.suppress(Exception):  # the capture may have failed before it began
+        torch._C._cuda_endAllocateToPool(device, pool)
+    with contextlib.suppress(Exception):
+        torch._C._cuda_releasePool(device, pool)
     scratch = torch.cuda.CUDAGraph()
     with contextlib.suppress(Exception), torch.cuda.graph(scratch):
         torch.ones(1, device=device)
