@@ -34,7 +34,16 @@ case "${1:-}" in
   --no-tests) run_tests=0; shift ;;
   --quick) quick=1; shift ;;
 esac
-if [ $# -gt 0 ]; then tests=("$@"); notebook_default=0; else tests=(tests); notebook_default=1; fi
+# Named tests in path order, so the files of one folder are next to each other: pytest 9.1
+# loses a folder's conftest fixtures for its files named after a file of a parent folder
+# ("fixture 'shell' not found"; pytest-dev/pytest#14971, fixed in 9.2).
+if [ $# -gt 0 ]; then
+  mapfile -t tests < <(printf '%s\n' "$@" | LC_ALL=C sort)
+  notebook_default=0
+else
+  tests=(tests)
+  notebook_default=1
+fi
 marker=""
 if [ "$quick" = 1 ]; then marker="cuda and "; notebook_default=0; fi
 [ "$run_tests" = 1 ] || notebook_default=0
