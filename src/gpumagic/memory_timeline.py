@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpumagic.stacks import Block, Frame, TraceLine, group_by_line
+from gpumagic.stacks import Block, TraceLine, frames_from_snapshot, group_by_line
 from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ def build_timeline(
         elif action == "free_requested":
             live.pop(event["addr"], None)
     blocks = [
-        Block(device, address, block.size, block.size, _frames(block.frames))
+        Block(device, address, block.size, block.size, frames_from_snapshot(block.frames))
         for address, block in live.items()
     ]
     lines = group_by_line(
@@ -187,13 +187,6 @@ def build_timeline(
         at_peak=lines,
         before_cell=max(0, allocated[peak_index] - sum(t.nbytes for t in lines)),
         complete=complete,
-    )
-
-
-def _frames(frames: Iterable[Mapping[str, Any]]) -> tuple[Frame, ...]:
-    return tuple(
-        Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
-        for f in frames
     )
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "TraceLine",
     "blocks_allocated_since",
     "blocks_from_segments",
+    "frames_from_snapshot",
     "group_by_line",
     "group_by_stack",
     "is_python_file",
@@ -106,6 +107,15 @@ class Block:
     private_pool: bool = False
 
 
+def frames_from_snapshot(frames: Iterable[Mapping[str, Any]]) -> tuple[Frame, ...]:
+    """The frames of one stack as ``torch.cuda.memory._snapshot()`` gives them (a block's
+    or an allocator event's ``frames``), innermost first."""
+    return tuple(
+        Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
+        for f in frames
+    )
+
+
 def blocks_from_segments(
     segments: Iterable[Mapping[str, Any]], devices: set[int] | None = None
 ) -> list[Block]:
@@ -121,10 +131,7 @@ def blocks_from_segments(
         for block in segment.get("blocks", ()):
             if block.get("state") != "active_allocated":
                 continue
-            frames = tuple(
-                Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
-                for f in block.get("frames") or ()
-            )
+            frames = frames_from_snapshot(block.get("frames") or ())
             size = int(block.get("size", 0))
             found.append(
                 Block(
