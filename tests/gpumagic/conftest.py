@@ -1,10 +1,13 @@
-"""A fresh, real IPython shell per test, with gpumagic loaded."""
+"""A fresh, real IPython shell per test, with gpumagic loaded; the same shell with the
+fake GPU of :mod:`memory_fake` (``gpu``), or on a real GPU with torch in use
+(``gpu_shell``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import pytest
+from memory_fake import FakeGpu, MiB
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -25,3 +28,23 @@ def shell() -> Iterator[InteractiveShell]:
         yield ip
     finally:
         InteractiveShell.clear_instance()
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell) -> FakeGpu:
+    """The fake GPU of :mod:`memory_fake` behind gpumagic's CUDA seam, in ``shell`` as
+    ``gpu`` (with ``MiB``)."""
+    fake = FakeGpu(monkeypatch)
+    shell.user_ns["gpu"] = fake
+    shell.user_ns["MiB"] = MiB
+    return fake
+
+
+@pytest.fixture
+def gpu_shell(shell: InteractiveShell) -> Iterator[InteractiveShell]:
+    """The shell with torch imported and CUDA in use (the context exists before the
+    measured cells, as in a notebook that has been running for a while). Real GPU only."""
+    result = shell.run_cell("import torch\nwarm = torch.empty(1, device='cuda')")
+    assert result.success, result.error_in_exec
+    yield shell
+    shell.user_ns.clear()

@@ -18,24 +18,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from IPython.core.interactiveshell import InteractiveShell
 
 pytestmark = pytest.mark.cuda
 
 MiB = 2**20
 GiB = 2**30
-
-
-@pytest.fixture
-def gpu_shell(shell: InteractiveShell) -> Iterator[InteractiveShell]:
-    """The shell with torch imported and CUDA in use (the context exists before the
-    measured cells, as in a notebook that has been running for a while)."""
-    result = shell.run_cell("import torch\nwarm = torch.empty(1, device='cuda')")
-    assert result.success, result.error_in_exec
-    yield shell
-    shell.user_ns.clear()
 
 
 def device0(data: dict[str, Any]) -> dict[str, Any]:

@@ -24,14 +24,6 @@ def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
-@pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell) -> FakeGpu:
-    fake = FakeGpu(monkeypatch)
-    shell.user_ns["gpu"] = fake
-    shell.user_ns["MiB"] = MiB
-    return fake
-
-
 # ---------------------------------------------------------------------------
 # No CUDA: one clear line, and the cell still runs
 

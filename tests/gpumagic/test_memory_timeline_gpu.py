@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from IPython.core.interactiveshell import InteractiveShell
 
 pytestmark = pytest.mark.cuda
@@ -27,15 +25,6 @@ CELL = (
     "tmp = torch.empty(2**30, dtype=torch.uint8, device='cuda')\n"
     "del tmp\n"
 )
-
-
-@pytest.fixture
-def gpu_shell(shell: InteractiveShell) -> Iterator[InteractiveShell]:
-    """The shell with torch imported and CUDA in use."""
-    result = shell.run_cell("import torch\nwarm = torch.empty(1, device='cuda')")
-    assert result.success, result.error_in_exec
-    yield shell
-    shell.user_ns.clear()
 
 
 def recording(shell: InteractiveShell) -> bool:

@@ -18,14 +18,6 @@ if TYPE_CHECKING:
 CELL = "keep = gpu.alloc(256 * MiB)\ntmp = gpu.alloc(1024 * MiB)\ngpu.free(tmp)\n"
 
 
-@pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell) -> FakeGpu:
-    fake = FakeGpu(monkeypatch)
-    shell.user_ns["gpu"] = fake
-    shell.user_ns["MiB"] = MiB
-    return fake
-
-
 def test_the_peak_names_both_lines(shell: InteractiveShell, gpu: FakeGpu) -> None:
     before = gpu.alloc(16 * MiB)
     result = shell.run_cell_magic("gpumem", "--timeline -o", CELL)
