@@ -26,7 +26,6 @@ block that is deliberately incomplete (not run; see :data:`FRAGMENTS`).
 from __future__ import annotations
 
 import ast
-import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -218,11 +217,7 @@ def test_test_file_samples_pass(block: Block, pytester: pytest.Pytester) -> None
     pytester.makepyfile(**{name: block.body})
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rA")
     output = result.stdout.str()
-    if outputs := os.environ.get("GPUMAGIC_DOC_OUTPUTS"):
-        # The transcript a page quotes, from the machine that ran it (the GPU check).
-        path = Path(outputs) / f"{block.id.replace('/', '_').replace(':', '_')}.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"$ pytest {name}.py\n{output}\n")
+    test_howto.keep_transcript(re.sub(r"[/:]", "_", block.id), f"$ pytest {name}.py\n{output}\n")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) + outcomes.get("failed", 0)
     assert "error" not in outcomes, output

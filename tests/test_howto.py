@@ -187,6 +187,15 @@ def test_command_runs_as_written(page: str, command: str, tmp_path: Path) -> Non
         assert fragment in output, (fragment, output)
 
 
+def keep_transcript(name: str, text: str) -> None:
+    """Write ``text`` to ``name.txt`` in the folder ``GPUMAGIC_DOC_OUTPUTS`` names, when
+    it is set: the transcripts the pages quote, from the machine that ran them (the GPU
+    check)."""
+    if folder := os.environ.get("GPUMAGIC_DOC_OUTPUTS"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"{name}.txt").write_text(text)
+
+
 CELL_PAGES = [name for name, page in PAGES.items() if page.cells]
 
 
@@ -197,8 +206,6 @@ def test_ipython_cells_run_as_written(page: str) -> None:
 
     InteractiveShell.clear_instance()
     shell = InteractiveShell.instance()
-    # The transcript the page quotes, from the machine that ran it (the GPU check).
-    outputs = os.environ.get("GPUMAGIC_DOC_OUTPUTS")
     transcript: list[str] = []
     try:
         for number, cell in enumerate(PAGES[page].cells, 1):
@@ -208,9 +215,6 @@ def test_ipython_cells_run_as_written(page: str) -> None:
             transcript.append(f"In [{number}]: {cell}\n{printed.getvalue()}")
             assert result.success, (page, cell, result.error_before_exec, result.error_in_exec)
     finally:
-        if outputs:
-            path = Path(outputs) / f"howto_{page}_cells.txt"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("\n".join(transcript))
+        keep_transcript(f"howto_{page}_cells", "\n".join(transcript))
         shell.run_line_magic("unload_ext", "gpumagic")
         InteractiveShell.clear_instance()

@@ -173,6 +173,18 @@ def render(
     return report, shot
 
 
+def keeping_screenshots() -> bool:
+    """Whether ``GPUMAGIC_SCREENSHOT_DIR`` asks for the screenshots to be kept."""
+    return bool(os.environ.get("GPUMAGIC_SCREENSHOT_DIR"))
+
+
+def keep_screenshot(shot: Path) -> None:
+    """Copy ``shot`` into ``GPUMAGIC_SCREENSHOT_DIR`` when it is set."""
+    if folder := os.environ.get("GPUMAGIC_SCREENSHOT_DIR"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(folder) / shot.name)
+
+
 def outputs_to_check(executed_demo: dict[str, Any]) -> list[tuple[str, str]]:
     outputs = html_outputs(executed_demo, "cpu")
     if GPU_NOTEBOOK.exists():
@@ -199,10 +211,9 @@ def test_html_outputs_render_visible_and_readable(
     outputs = outputs_to_check(executed_demo)
     if not outputs:
         pytest.skip("the demo notebook produced no HTML output")
-    keep = os.environ.get("GPUMAGIC_SCREENSHOT_DIR")
     problems = []
     for name, body in outputs:
-        report, shot = render(name, body, theme, tmp_path, tight=bool(keep))
+        report, shot = render(name, body, theme, tmp_path, tight=keeping_screenshots())
         assert shot.stat().st_size > 1000, f"empty screenshot for {name}"
         if report["texts"] == 0:
             problems.append(f"{name}: no text rendered")
@@ -210,7 +221,5 @@ def test_html_outputs_render_visible_and_readable(
             problems.append(f"{name}: invisible text {report['invisible'][:5]}")
         if report["low_contrast"]:
             problems.append(f"{name}: hard to read in {theme} {report['low_contrast'][:5]}")
-        if keep:
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            shutil.copy(shot, Path(keep) / shot.name)
+        keep_screenshot(shot)
     assert not problems, "\n".join(problems)

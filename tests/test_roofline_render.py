@@ -9,15 +9,16 @@ measured ones (``test_html_render.py``). With
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gpumagic.timing_result import CudaTimeResult
-from test_html_render import CHROMIUM, THEMES, render
+from test_html_render import CHROMIUM, THEMES, keep_screenshot, keeping_screenshots, render
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed (Debian package 'chromium')"
@@ -56,13 +57,10 @@ def test_the_roofline_renders_visible_and_readable(name: str, theme: str, tmp_pa
     body = RESULTS[name]._repr_html_()
     assert '<svg class="gpumagic-roofline"' in body
     assert not re.search(r"(?:src|href)\s*=|@import|url\(|https?:", body)
-    keep = os.environ.get("GPUMAGIC_SCREENSHOT_DIR")
-    report, shot = render(name, body, theme, tmp_path, tight=bool(keep))
+    report, shot = render(name, body, theme, tmp_path, tight=keeping_screenshots())
     assert shot.stat().st_size > 1000
     assert report["texts"] > 10
     assert not report["invisible"], report["invisible"]
     assert not report["low_contrast"], report["low_contrast"]
     assert report["min_contrast"] >= 4.5
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(keep) / shot.name)
+    keep_screenshot(shot)

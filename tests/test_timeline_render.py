@@ -11,10 +11,8 @@ drawn on, and nothing in it that would load from the network (no script, link, `
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,7 +20,10 @@ from gpumagic.cuda import AllocatorStats
 from gpumagic.memory_cell import CellDeviceChange, CellMemoryReport
 from gpumagic.memory_result import CellMemResult
 from gpumagic.memory_timeline import build_timeline
-from test_html_render import CHROMIUM, THEMES, render
+from test_html_render import CHROMIUM, THEMES, keep_screenshot, render
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed (Debian package 'chromium')"
@@ -96,13 +97,10 @@ def test_the_timeline_is_self_contained() -> None:
 
 @pytest.mark.parametrize("theme", sorted(THEMES))
 def test_the_timeline_renders_visible_and_readable(theme: str, tmp_path: Path) -> None:
-    keep = os.environ.get("GPUMAGIC_SCREENSHOT_DIR")
     report, shot = render("gpumem-timeline", result()._repr_html_(), theme, tmp_path, tight=True)
     assert shot.stat().st_size > 1000
     assert report["texts"] >= 20  # the tables, the axes, the peak and the legend
     assert not report["invisible"], report["invisible"]
     assert not report["low_contrast"], report["low_contrast"]
     assert report["min_contrast"] >= 4.5
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(keep) / shot.name)
+    keep_screenshot(shot)
