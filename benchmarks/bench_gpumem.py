@@ -96,18 +96,31 @@ def cell(shell: Any, source: str) -> Callable[[], object]:
     return run
 
 
-def recording_cost(torch: Any, allocations: int = 20_000) -> dict[str, float]:
-    """Microseconds per ``torch.empty(256)`` (allocation + free) under each recording mode."""
-    modes: dict[str, dict[str, Any] | None] = {
-        "off": None,
-        "state_python": {"enabled": "state", "context": "state", "stacks": "python"},
-        "all_python": {"enabled": "all", "context": "all", "stacks": "python"},
-    }
+#: The recording modes :func:`recording_cost` compares by default: off, ``--trace``'s
+#: setting and torch's default (with Python stacks).
+RECORDING_MODES: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "state_python": {"enabled": "state", "context": "state", "stacks": "python"},
+    "all_python": {"enabled": "all", "context": "all", "stacks": "python"},
+}
+
+
+def recording_cost(
+    torch: Any,
+    modes: dict[str, dict[str, Any] | None] = RECORDING_MODES,
+    allocations: int = 20_000,
+) -> dict[str, float]:
+    """Microseconds per ``torch.empty(256)`` (allocation + free) under each recording mode
+    (``None``: recording off), interleaved, median of five rounds."""
     found: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(5):
         for name, mode in modes.items():
             if mode is not None:
-                torch.cuda.memory._record_memory_history(max_entries=100_000, **mode)
+                try:
+                    torch.cuda.memory._record_memory_history(max_entries=100_000, **mode)
+                except TypeError:  # a torch without skip_actions
+                    older = {k: v for k, v in mode.items() if k != "skip_actions"}
+                    torch.cuda.memory._record_memory_history(max_entries=100_000, **older)
             try:
                 torch.cuda.synchronize()
                 start = time.perf_counter()

@@ -33,7 +33,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bench_gpumem import cell, interleaved, quantiles
+from bench_gpumem import cell, interleaved, quantiles, recording_cost
 from gpumagic import cuda
 from gpumagic.gc_pause import paused_gc
 from gpumagic.memory_svg import timeline_svg
@@ -66,39 +66,19 @@ def recorded(shell: Any, source: str) -> Callable[[], object]:
     return run_recorded
 
 
-def recording_cost(torch: Any, allocations: int = 20_000) -> dict[str, float]:
-    """Microseconds per ``torch.empty(256)`` (allocation + free) under each recording mode."""
-    modes: dict[str, dict[str, Any] | None] = {
-        "off": None,
-        "trace": {"enabled": "state", "context": "state", "stacks": "python"},
-        "timeline": {
-            "enabled": "all",
-            "context": "alloc",
-            "stacks": "python",
-            "skip_actions": ["free_completed"],
-        },
-        "torch_default_python": {"enabled": "all", "context": "all", "stacks": "python"},
-    }
-    found: dict[str, list[float]] = {name: [] for name in modes}
-    for _ in range(5):
-        for name, mode in modes.items():
-            if mode is not None:
-                try:
-                    torch.cuda.memory._record_memory_history(max_entries=100_000, **mode)
-                except TypeError:  # a torch without skip_actions
-                    mode.pop("skip_actions", None)
-                    torch.cuda.memory._record_memory_history(max_entries=100_000, **mode)
-            try:
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(allocations):
-                    torch.empty(256, device="cuda")
-                torch.cuda.synchronize()
-                found[name].append((time.perf_counter() - start) / allocations * 1e6)
-            finally:
-                if mode is not None:
-                    torch.cuda.memory._record_memory_history(None)
-    return {name: statistics.median(values) for name, values in found.items()}
+#: The recording modes compared per allocation: off, ``--trace``'s, ``--timeline``'s and
+#: torch's default (with Python stacks).
+RECORDING_MODES: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "trace": {"enabled": "state", "context": "state", "stacks": "python"},
+    "timeline": {
+        "enabled": "all",
+        "context": "alloc",
+        "stacks": "python",
+        "skip_actions": ["free_completed"],
+    },
+    "torch_default_python": {"enabled": "all", "context": "all", "stacks": "python"},
+}
 
 
 def breakdown(shell: Any, torch: Any) -> dict[str, float]:
@@ -185,7 +165,7 @@ def main() -> int:
             ratios[name] = entry["ratio"]
     parts = breakdown(shell, torch)
     records.append({**common, "name": "timeline_breakdown_ops", **parts})
-    per_alloc = recording_cost(torch)
+    per_alloc = recording_cost(torch, RECORDING_MODES)
     records.append({**common, "name": "recording_us_per_allocation", "unit": "us", **per_alloc})
 
     if args.json:
