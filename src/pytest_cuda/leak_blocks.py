@@ -37,6 +37,8 @@ def find_block_holders(
     blocks: Sequence[Block],
     facts: Facts,
     is_user: Callable[[str], bool] = lambda filename: True,
+    *,
+    budget_s: float | None = None,
 ) -> HolderScan:
     """:func:`find_holders` for the tensors whose storage lies in one of ``blocks``
     (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
@@ -47,6 +49,7 @@ def find_block_holders(
     pool, or was allocated inside a library call (its innermost recorded frame is not
     the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
     state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
+    ``budget_s``: see :func:`find_holders`.
     """
     spans: dict[str, list[Block]] = {}
     for block in blocks:
@@ -68,7 +71,7 @@ def find_block_holders(
         block = block_of.get(key)
         return None if block is None else _kept_by_library(block, is_user)
 
-    scan = find_holders(objects, in_blocks, explain)
+    scan = find_holders(objects, in_blocks, explain, budget_s=budget_s)
     shown = {(b.device, b.address) for b in block_of.values()}
     hidden: dict[tuple[str, str], list[Block]] = {}
     for block in blocks:

@@ -16,6 +16,15 @@ When a checked test is measured (this process's caching allocator, per device):
   frames and its fixture values, which pytest drops right after teardown anyway, are
   released (refcounting frees them at once), and :func:`pytest_cuda.leaks.settle`
   decides: garbage collection and the library caches only for what is still there.
+  The collection walks only what the test made (:class:`pytest_cuda.leak_heap.TestHeap`
+  froze the older heap at the baseline), so it costs the test's size, not the process's;
+* what is still there is attributed from the run itself: the live blocks allocated
+  since the baseline (torch's allocator records their stacks while checks run,
+  :class:`pytest_cuda.leak_stacks.StackRecording`), the line that allocated them, and
+  the holder of their tensors (the walk stops after the ``cuda_leak_holder_search``
+  ini value, 0.3 s, unless ``--cuda-leak-trace``). When the walk proves every holder
+  alive (a module's global, a fixture's value), the leak is certain; otherwise one collection of the whole heap
+  decides, so garbage that older objects take part in is never called a leak.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
+from pytest_cuda.leak_heap import TestHeap, collect_everything
 from pytest_cuda.leak_holders import LIBRARY
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leak_rerun import (
@@ -38,31 +48,29 @@ from pytest_cuda.leak_rerun import (
     rerun_alone,
     write_reports,
 )
+from pytest_cuda.leak_stacks import StackRecording, attribute
 from pytest_cuda.leaks import (
     CudaLeakWarning,
     CudaMemory,
     LeakResult,
+    MemorySource,
     Mode,
     Release,
-    StackRecording,
-    attribute,
+    SettleStep,
     growth,
     parse_leak_settings,
     settle,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Generator
+    from collections.abc import Generator, Sequence
     from types import TracebackType
 
 __all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check", "kept_by_library"]
 
 SECTION = "CUDA memory leak"
-TRACE_HINT = (
-    "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
-    "allocated these blocks and who holds them."
-)
-RERUN_HINT = "Stacks not recorded in this run (--cuda-leak-trace records them)."
+#: The settle step that collects the whole heap, older objects included.
+WHOLE_HEAP = "garbage collection (the whole heap)"
 
 
 @dataclass
@@ -89,7 +97,7 @@ class _Check:
 _CHECK = pytest.StashKey[_Check]()
 
 
-def cuda_leak_check(tolerance: object = 0, mode: object = "fail") -> tuple[object, object]:
+def cuda_leak_check(tolerance: object = None, mode: object = "fail") -> tuple[object, object]:
     """The marker's signature (its name shows in the errors about its arguments)."""
     return tolerance, mode
 
@@ -98,19 +106,30 @@ class LeakChecker:
     """Measures the tests that are checked (``--cuda-leak-check``, the marker) and the
     peaks for ``--cuda-memory-report``; registered only when one of them is used."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, *, leaks: bool = True) -> None:
         self.config = config
         self.everywhere: bool = config.getoption("cuda_leak_check")
         self.peaks = config.getoption("cuda_memory_report") > 0
-        self.recording = StackRecording() if config.getoption("cuda_leak_trace") else None
+        self.search_s = None if config.getoption("cuda_leak_trace") else search_limit(config)
+        # Stacks of live blocks are recorded whenever a test may be checked for leaks.
+        self.recording = StackRecording() if leaks else None
+        self.heap = TestHeap()
         self.source = CudaMemory(reset_caches=config.getoption("cuda_leak_reset_caches"))
+        self.tolerance = default_tolerance(config)
         self.root = str(config.rootpath)
         self._current: _Check | None = None
-        # A leak found without stacks is re-run alone with them (not in a re-run child).
+        # Opt-in: a leak is re-run alone in a fresh process (never from a re-run child).
         rerun_child = bool(os.environ.get(ENV_OUT))
         reruns: int = config.getoption("cuda_leak_reruns")
-        self.reruns_left = 0 if self.recording is not None or rerun_child else reruns
+        self.reruns_left = 0 if rerun_child else reruns
         self.reports: dict[str, dict[str, Any]] | None = {} if rerun_child else None
+
+    def check_leaks(self) -> None:
+        """A collected test carries the marker: record stacks for leak checks too (a
+        checker made for ``--cuda-memory-report`` alone records none)."""
+        if self.recording is None:
+            self.recording = StackRecording()
+            self.start()
 
     def start(self) -> None:
         """Stack recording on now, or queued for the moment CUDA is initialised (torch is
@@ -124,6 +143,7 @@ class LeakChecker:
             self.recording.ensure_at_init()
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.heap.thaw()
         if self.recording is not None:
             self.recording.close()
         if self.reports is not None:
@@ -133,10 +153,15 @@ class LeakChecker:
         status = cuda.status()
         if not status.available:
             return [f"cuda leak check: nothing to check, {status.summary()}"]
+        if self.recording is None:
+            return []  # peaks alone (--cuda-memory-report): no leak check
         scope = "every test that uses CUDA" if self.everywhere else "tests marked cuda_leak_check"
-        stacks = "recorded" if self.recording is not None else "off (--cuda-leak-trace)"
-        line = f"cuda leak check: {scope}; this process's allocator; stacks {stacks}"
-        return [line] if self.everywhere or self.recording is not None else []
+        walk = "to the end" if self.search_s is None else f"up to {self.search_s:g} s a test"
+        line = (
+            f"cuda leak check: {scope}; this process's allocator; stacks of live blocks "
+            f"recorded; holders searched {walk}"
+        )
+        return [line] if self.everywhere or self.search_s is None else []
 
     # -- the phases of one test ------------------------------------------------
 
@@ -236,9 +261,10 @@ class LeakChecker:
         if marker is None:
             if not (self.everywhere or self.peaks):
                 return None
-            return _Check(item, 0, "fail", leaks=self.everywhere)
+            return _Check(item, self.tolerance, "fail", leaks=self.everywhere)
+        tolerance, mode = cuda_leak_check(*marker.args, **marker.kwargs)
         tolerance, mode = parse_leak_settings(
-            *cuda_leak_check(*marker.args, **marker.kwargs), where=MARKER
+            self.tolerance if tolerance is None else tolerance, mode, where=MARKER
         )
         if mode == "off" and not self.peaks:
             return None
@@ -247,6 +273,7 @@ class LeakChecker:
     def _begin(self, check: _Check) -> None:
         if self.recording is not None and check.leaks:
             self.recording.ensure()
+            self.heap.begin()
         check.start_us = time.time_ns() // 1000
         check.first = self.source.read()
 
@@ -254,12 +281,13 @@ class LeakChecker:
         if check.done:
             return
         check.done = True
-        if not check.ran:
-            return  # setup failed or skipped: the test never ran
         try:
-            self._measure(check)
+            if check.ran:  # else setup failed or skipped: the test never ran
+                self._measure(check)
         except Exception as exc:  # a bug here must not hide the test's own outcome
             check.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.heap.thaw()
 
     def _measure(self, check: _Check) -> None:
         end = self.source.read()
@@ -274,23 +302,57 @@ class LeakChecker:
         _release_test_references(check.item)
         result = settle(baseline, self.source, check.tolerance, held=check.held)
         if not result.clean:
-            result = self._stacks(check, result)
-            if self.reruns_left > 0:
-                self.reruns_left -= 1
-                result = replace(result, rerun=rerun_alone(self.config, check.item.nodeid))
+            young = self.heap.young_objects()  # where the test's own tensors are
+            partial = self.heap.frozen
+            self.heap.thaw()  # the walk up must see every referrer
+            result = self._stacks(check, result, young)
+            del young
+            if partial and not (result.holders is not None and result.holders.alive):
+                result = self._collect_whole_heap(check, result)
+        if not result.clean:
             result = kept_by_library(result)
+        if not result.clean and self.reruns_left > 0:
+            self.reruns_left -= 1
+            result = replace(result, rerun=rerun_alone(self.config, check.item.nodeid))
         check.result = result
 
-    def _stacks(self, check: _Check, result: LeakResult) -> LeakResult:
+    def _collect_whole_heap(self, check: _Check, result: LeakResult) -> LeakResult:
+        """Garbage that objects older than the test take part in is freed only by a
+        collection of the whole heap: run it unless the walk proved the leak alive."""
+        step = SettleStep(WHOLE_HEAP, self._collect_everything)
+        again = settle(
+            check.first or {}, _Steps(self.source, (step,)), check.tolerance, held=check.held
+        )
+        released = (*result.released, *again.released)
+        if again.clean:
+            return replace(again, released=released)
+        if again.leaked == result.leaked:
+            return replace(result, released=released)
+        # Part of it was garbage: attribute what is left.
+        return replace(self._stacks(check, again, None), released=released)
+
+    def _collect_everything(self, devices: tuple[int, ...]) -> bool:
+        collect_everything(self.heap)
+        return True
+
+    def _stacks(
+        self, check: _Check, result: LeakResult, objects: Sequence[object] | None
+    ) -> LeakResult:
         if self.recording is None:
-            return replace(result, stack_note=RERUN_HINT if self.reruns_left else TRACE_HINT)
+            return result
         if not cuda.memory_history_enabled():
             return replace(
                 result,
                 stack_note="Stacks not recorded: allocation-stack recording was off "
                 "(switched off by the test?).",
             )
-        stacks, holders = attribute(check.start_us, result.leaked, _test_function(check.item))
+        stacks, holders = attribute(
+            check.start_us,
+            result.leaked,
+            _test_function(check.item),
+            objects=objects,
+            budget_s=self.search_s,
+        )
         return replace(result, stacks=stacks, holders=holders)
 
     def _verdict(self, check: _Check) -> None:
@@ -338,6 +400,46 @@ class LeakChecker:
             self.reports[check.item.nodeid] = leak.to_dict()
         if result.leaked:
             report.sections.append((SECTION, result.details(subject, self.root)))
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """A source read as ``source`` is, settled by ``steps`` alone."""
+
+    source: MemorySource
+    steps: tuple[SettleStep, ...]
+
+    def read(self) -> dict[int, int]:
+        return self.source.read()
+
+    def settle_steps(self) -> Sequence[SettleStep]:
+        return self.steps
+
+
+def default_tolerance(config: pytest.Config) -> int:
+    """The ``cuda_leak_tolerance`` ini value in bytes (a usage error when malformed)."""
+    value = config.getini("cuda_leak_tolerance")
+    try:
+        return parse_leak_settings(value, where="cuda_leak_tolerance (ini)")[0]
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def search_limit(config: pytest.Config) -> float | None:
+    """The ``cuda_leak_holder_search`` ini value in seconds (``None``: no limit, for 0
+    or ``none``); a usage error when malformed."""
+    value = str(config.getini("cuda_leak_holder_search")).strip()
+    if value.lower() in ("none", "0", "0.0"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise pytest.UsageError(
+            f"cuda_leak_holder_search (ini) takes seconds > 0 (or none for no limit), got {value!r}"
+        )
+    return seconds
 
 
 def checked_for_leaks(item: pytest.Item) -> tuple[int, Mode] | None:

@@ -19,13 +19,15 @@ from __future__ import annotations
 import functools
 import gc
 import sys
+import time
 import types
 import unittest
 import warnings
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
+from pytest_cuda.leak_paths import Step, key_of, render, step_between
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -47,8 +49,6 @@ MAX_GRAPH_NODES = 20_000
 
 _LIBRARY_ROOTS = ("torch", "triton", "functorch", "_pytest", "pluggy", "numpy")
 
-Step = tuple[str, Any]  # ("key", k) | ("index", i) | ("attr", name) | ("dictof", None) | ...
-
 
 @dataclass(frozen=True)
 class LeakHolder:
@@ -60,6 +60,9 @@ class LeakHolder:
     devices: tuple[str, ...]
     tensors: int = 1
     note: str = ""
+    #: The root is certainly alive (a module's global, a fixture's value, or an object
+    #: its module names), so what it holds is no garbage waiting for a collection.
+    alive: bool = False
 
     def describe(self) -> str:
         where = ", ".join(self.devices)
@@ -78,6 +81,15 @@ class HolderScan:
     #: Bytes that live tensors show: of the leaked blocks they lie in (when the walk was
     #: given blocks), else of the storages Python objects reach.
     found: int = 0
+    #: The walk ran to its end (``False``: its time budget ran out first).
+    complete: bool = True
+    #: Objects frozen by ``gc.freeze()`` when it ran: invisible to it.
+    hidden: int = 0
+
+    @property
+    def alive(self) -> bool:
+        """Every holder is a root known to be alive: no collection could free them."""
+        return self.complete and bool(self.holders) and all(h.alive for h in self.holders)
 
     def first(self) -> str | None:
         """``"mymod.CACHE['x'] (module global)"`` for the largest holder that Python
@@ -100,6 +112,21 @@ class _Target:
     path: str = ""
     kind: str = ""
     note: str = ""
+    alive: bool = False
+
+
+class _Budget:
+    """The walk's time limit: ``spent()`` once it is over (never, without a limit)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds, self.ran_out = seconds, False
+        self.deadline = None if seconds is None else time.perf_counter() + seconds
+
+    def spent(self) -> bool:
+        self.ran_out = self.ran_out or (
+            self.deadline is not None and time.perf_counter() > self.deadline
+        )
+        return self.ran_out
 
 
 @dataclass(slots=True)
@@ -114,37 +141,47 @@ def find_holders(
     objects: Sequence[object],
     facts: Facts,
     explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None = None,
+    *,
+    budget_s: float | None = None,
 ) -> HolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
     ``facts(obj)`` answers ``(storage key, bytes, device)`` for a leaked tensor (views
-    of one storage share the key) and ``None`` for anything else; ``objects`` is the
-    heap to search (``gc.get_objects()``). ``explain(key)`` may name the ``(path,
-    kind)`` of a storage the walk found no root for. Never raises: what cannot be
+    of one storage share the key) and ``None`` for anything else; ``objects`` is where
+    to look for the tensors (``gc.get_objects()``, or what a test made); the walk up
+    goes through the whole heap. ``explain(key)`` may name the ``(path, kind)`` of a
+    storage the walk found no root for. ``budget_s``: the walk stops after about this
+    long (each step up scans the heap once), saying so. Never raises: what cannot be
     inspected is in :attr:`HolderScan.notes`.
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
+    budget = _Budget(budget_s)
     try:
         # Reading arbitrary objects can warn (deprecated module attributes): not the
         # user's warnings to see.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             targets.update(_targets(objects, facts))
-            _walk_up(list(targets.values()), notes, ignore={id(objects)})
-            _saved_by_graphs(objects, targets, facts, notes)
+            _walk_up(list(targets.values()), notes, budget, ignore={id(objects)})
+            _saved_by_graphs(objects, targets, facts, notes, budget)
         if not targets:
             notes.append(NO_TENSOR)
     except Exception as exc:  # the report must come out whatever the heap holds
         notes.append(f"the walk stopped: {type(exc).__name__}: {exc}")
+    if budget.ran_out:
+        notes.append(
+            f"the walk stopped at its {budget.seconds:g} s limit "
+            "(--cuda-leak-trace walks to the end)"
+        )
     frozen = gc.get_freeze_count()
-    if frozen and any(not t.path for t in targets.values()):
-        # Said only where it may matter: something was left without a holder.
+    if frozen and any(not t.path for t in targets.values()):  # only where it may matter
         notes.append(
             f"{frozen} objects frozen by gc.freeze() are invisible to the walk: a holder "
             "among them is reported as unreachable"
         )
-    return _scan(list(targets.values()), notes, explain)
+    scan = _scan(list(targets.values()), notes, explain)
+    return replace(scan, complete=not budget.ran_out, hidden=frozen)
 
 
 def holder_order(holder: LeakHolder) -> tuple[bool, int, str]:
@@ -174,7 +211,7 @@ def _scan(
     notes: list[str],
     explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None,
 ) -> HolderScan:
-    groups: dict[tuple[str, str, str], list[_Target]] = {}
+    groups: dict[tuple[str, str, str, bool], list[_Target]] = {}
     for target in targets:
         if not target.path:
             explained = explain(target.key) if explain is not None else None
@@ -182,7 +219,7 @@ def _scan(
                 "no Python object that the walk reached",
                 "C++ side or unreachable: a library workspace, or an object cycle",
             )
-        groups.setdefault((target.path, target.kind, target.note), []).append(target)
+        groups.setdefault((target.path, target.kind, target.note, target.alive), []).append(target)
     holders = [
         LeakHolder(
             path,
@@ -191,8 +228,9 @@ def _scan(
             tuple(sorted({t.device for t in group})),
             sum(t.tensors for t in group),
             note,
+            alive,
         )
-        for (path, kind, note), group in groups.items()
+        for (path, kind, note, alive), group in groups.items()
     ]
     holders.sort(key=holder_order)
     found = sum(t.nbytes for t in targets if not t.kind.startswith("C++"))
@@ -203,14 +241,16 @@ def _scan(
 # The walk up.
 
 
-def _walk_up(targets: list[_Target], notes: list[str], ignore: Iterable[int] = ()) -> None:
+def _walk_up(
+    targets: list[_Target], notes: list[str], budget: _Budget, ignore: Iterable[int] = ()
+) -> None:
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
     layer = [_Node(t.obj, [], t) for t in targets]
     seen = {(id(t.obj), id(t)) for t in targets}  # (object, target): each target's own walk
     own = {id(layer), id(targets), id(seen), *ignore}
     for _depth in range(MAX_DEPTH):
         layer = [n for n in layer if not n.target.path]
-        if not layer:
+        if not layer or budget.spent():
             return
         by_id: dict[int, list[_Node]] = {}
         for node in layer:
@@ -227,7 +267,7 @@ def _walk_up(targets: list[_Target], notes: list[str], ignore: Iterable[int] = (
                 for node in by_id[id(child)]:
                     if node.target.path:
                         continue
-                    step = _follow(ref, child, node, modules)
+                    step = _follow(ref, child, node, modules, budget)
                     # A root ends a path however often it is met; an object in between
                     # is walked from once per target.
                     if step is not None and (id(ref), id(node.target)) not in seen:
@@ -249,7 +289,9 @@ def _children_in(ref: object, by_id: dict[int, list[_Node]]) -> list[object]:
         return []
 
 
-def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) -> _Node | None:
+def _follow(
+    ref: object, child: object, node: _Node, modules: dict[int, str], budget: _Budget
+) -> _Node | None:
     """``ref`` refers to ``child`` (a node of the walk): a root (recorded on the node's
     target), or the next node up, or ``None`` for a link the walk does not follow."""
     target = node.target
@@ -259,10 +301,10 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
     note = _through_note(through)
     if isinstance(ref, dict) and id(ref) in modules:
         module = modules[id(ref)]
-        key = _key_of(ref, child)
-        path = _render(module, [("attr", key), *node.steps])
+        key = key_of(ref, child)
+        path = render(module, [("attr", key), *node.steps])
         kind = LIBRARY if _is_library(module) else "module global"
-        _root(target, path, kind, note)
+        _root(target, path, kind, note, alive=True)
         return None
     if isinstance(ref, functools._lru_cache_wrapper):
         name = f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
@@ -282,15 +324,16 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
             where, steps = f"{name}.cache key", node.steps  # the arguments, self first
         else:
             where, steps = f"{name}.cache", [("key", "…"), *node.steps]
-        _root(target, _render(where, steps), kind, note)
+        _root(target, render(where, steps), kind, note, alive=_named_by_module(ref))
         return None
-    if isinstance(ref, types.CellType):
+    if isinstance(ref, types.CellType) and not budget.spent():
         owner = _closure_owner(ref)
         if owner is not None:
             function, variable = owner
             name = f"{function.__module__}.{function.__qualname__}"
             kind = LIBRARY if _is_library(function.__module__) else "closure cell"
-            _root(target, _render(f"{name} closure variable {variable!r}", node.steps), kind, note)
+            path = render(f"{name} closure variable {variable!r}", node.steps)
+            _root(target, path, kind, note, alive=_named_by_module(function))
             return None
     fixture = _fixture_name(ref)
     if fixture is not None:
@@ -298,118 +341,44 @@ def _follow(ref: object, child: object, node: _Node, modules: dict[int, str]) ->
         steps = node.steps
         if steps[:2] == [("key", "cached_result"), ("index", 0)]:
             steps = steps[2:]
-        _root(target, _render(f"fixture {fixture}", steps), "pytest fixture value", note)
+        _root(target, render(f"fixture {fixture}", steps), "pytest fixture value", note, True)
         return None
-    step = _step(ref, child)
+    step = step_between(ref, child)
     if step is None:
         return None
     if step[0] == "dictof" and isinstance(ref, type):
         # The class's own __dict__: a class attribute, a root.
         name = f"{ref.__module__}.{ref.__qualname__}"
         kind = LIBRARY if _is_library(ref.__module__) else "class attribute"
-        _root(target, _render(name, [step, *node.steps]), kind, note)
+        _root(target, render(name, [step, *node.steps]), kind, note, _named_by_module(ref))
         return None
     return _Node(ref, [step, *node.steps], target, through)
 
 
-def _root(target: _Target, path: str, kind: str, note: str) -> None:
+def _root(target: _Target, path: str, kind: str, note: str, alive: bool = False) -> None:
     target.path, target.kind, target.note = path, kind, note.lstrip("; ")
+    target.alive = alive
+
+
+def _named_by_module(obj: object) -> bool:
+    """``obj`` is what its module's namespace names by its qualified name (a class, a
+    function, a cache defined at module or class level): alive while the module is."""
+    module = sys.modules.get(str(getattr(obj, "__module__", "") or ""))
+    qualname = str(getattr(obj, "__qualname__", "") or "")
+    if module is None or not qualname or "<locals>" in qualname:
+        return False
+    found: object = module
+    for part in qualname.split("."):
+        try:
+            # The namespace's own entry, not what a descriptor would give back.
+            found = object.__getattribute__(found, "__dict__")[part]
+        except (AttributeError, KeyError, TypeError):
+            return False
+    return found is obj
 
 
 def _through_note(through: set[str]) -> str:
     return f"through a {', '.join(sorted(through))} instance" if through else ""
-
-
-def _step(ref: object, child: object) -> Step | None:
-    """How ``ref`` reaches ``child``, or ``None`` for a link the walk does not follow."""
-    if isinstance(ref, dict):
-        return ("key", _key_of(ref, child))
-    if isinstance(ref, list | tuple):
-        for index, item in enumerate(ref):
-            if item is child:
-                return ("index", index)
-        return None
-    if isinstance(ref, set | frozenset):
-        return ("member", None)
-    if isinstance(ref, types.MethodType):
-        return ("bound", ref.__name__)
-    if isinstance(ref, types.FunctionType | types.ModuleType | types.CodeType):
-        return None  # globals and defaults are reached through their module
-    if isinstance(ref, type):
-        # A class reaches its attributes through the dict behind its mappingproxy.
-        if isinstance(child, dict) and any(d is child for d in gc.get_referents(vars(ref))):
-            return ("dictof", None)
-        return None
-    if getattr(ref, "__dict__", None) is child:
-        return ("dictof", None)
-    attributes = _instance_attributes(ref)
-    for name, value in attributes.items():
-        if value is child:
-            return ("attr", name)
-    for name in _slot_names(type(ref)):
-        try:
-            if getattr(ref, name) is child:
-                return ("attr", name)
-        except Exception:
-            continue
-    return ("via", type(ref).__qualname__)
-
-
-def _key_of(mapping: dict[Any, Any], child: object) -> object:
-    try:
-        for key, value in mapping.items():
-            if value is child:
-                return key
-            if key is child:
-                return "<key>"
-    except Exception:
-        return "?"
-    return "?"
-
-
-def _render(root: str, steps: Sequence[Step]) -> str:
-    text = root
-    index = 0
-    while index < len(steps):
-        kind, value = steps[index]
-        if kind == "dictof" and index + 1 < len(steps) and steps[index + 1][0] == "key":
-            text += f".{steps[index + 1][1]}"
-            index += 2
-            continue
-        if kind == "attr":
-            text += f".{value}"
-        elif kind == "key":
-            text += "[…]" if value == "…" else f"[{value!r}]"
-        elif kind == "index":
-            text += f"[{value}]"
-        elif kind == "member":
-            text += " (a set member)"
-        elif kind == "bound":
-            text += f" (bound method .{value})"
-        elif kind == "via":
-            text += f" → a {value}"
-        elif kind == "graph":
-            text += str(value)
-        index += 1
-    return text
-
-
-def _instance_attributes(obj: object) -> dict[str, Any]:
-    """An instance's attributes (since Python 3.11 they may live in the object itself,
-    with no dict object in between for the walk to meet)."""
-    try:
-        found = object.__getattribute__(obj, "__dict__")
-    except Exception:
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _slot_names(cls: type) -> list[str]:
-    names: list[str] = []
-    for klass in getattr(cls, "__mro__", ()):
-        slots = vars(klass).get("__slots__", ())
-        names += [slots] if isinstance(slots, str) else list(slots)
-    return [n for n in names if n not in ("__dict__", "__weakref__")]
 
 
 def _is_library(module: str) -> bool:
@@ -467,20 +436,21 @@ def _saved_by_graphs(
     targets: dict[tuple[str, int], _Target],
     facts: Facts,
     notes: list[str],
+    budget: _Budget,
 ) -> None:
     owners = _graph_owners(objects)
     if not owners:
         return
-    budget = MAX_GRAPH_NODES
+    nodes = MAX_GRAPH_NODES
     for owner, grad_fn in owners:
         stack: list[tuple[object, str]] = [(grad_fn, f".grad_fn ({type(grad_fn).__name__})")]
         visited: set[int] = set()
-        while stack and budget > 0:
+        while stack and nodes > 0 and not budget.spent():
             node, where = stack.pop()
             if id(node) in visited:
                 continue
             visited.add(id(node))
-            budget -= 1
+            nodes -= 1
             for name in _saved_names(node):
                 try:
                     saved = getattr(node, name)
@@ -494,24 +464,25 @@ def _saved_by_graphs(
                     target = targets[fact[0]] = _Target(saved, fact[0], fact[1], fact[2])
                 if target.path and not target.kind.startswith("C++"):
                     continue
-                _graph_root(owner, target, f"{where}.{name}", objects)
+                _graph_root(owner, target, f"{where}.{name}", budget)
             for index, pair in enumerate(getattr(node, "next_functions", ()) or ()):
                 following = pair[0] if pair else None
                 if following is not None:
                     label = f"{where}.next_functions[{index}][0] ({type(following).__name__})"
                     stack.append((following, label))
-    if budget <= 0:
+    if nodes <= 0:
         notes.append(f"autograd graphs were read up to {MAX_GRAPH_NODES} nodes")
 
 
-def _graph_root(owner: object, target: _Target, where: str, objects: Sequence[object]) -> None:
+def _graph_root(owner: object, target: _Target, where: str, budget: _Budget) -> None:
     """The saved tensor is held by ``owner``'s graph: find who holds the owner."""
     probe = _Target(owner, target.key, 0, target.device)
-    _walk_up([probe], [])
+    _walk_up([probe], [], budget)
     held_by = probe.path or "a tensor that the walk could not place"
     target.path = f"{held_by}{where}"
     target.kind = "autograd graph (a saved tensor)"
     target.note = probe.note
+    target.alive = probe.alive
 
 
 def _graph_owners(objects: Sequence[object]) -> list[tuple[object, object]]:

@@ -50,12 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
             "--cuda-leak-reruns takes a number of tests >= 0, got "
             f"{config.getoption('cuda_leak_reruns')}"
         )
-    if (
-        config.getoption("cuda_leak_check")
-        or config.getoption("cuda_leak_trace")
-        or config.getoption("cuda_memory_report")
-    ):
-        _register(config)
+    leaks = bool(config.getoption("cuda_leak_check") or config.getoption("cuda_leak_trace"))
+    if leaks or config.getoption("cuda_memory_report"):
+        _register(config, leaks=leaks)
     elif not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
         # An xdist controller shows the leaks its workers found (marked tests there).
         _read_reports(config)
@@ -63,17 +60,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.get_plugin(CHECKER_NAME) is not None:
+    if MARKER not in marker_names(config, items):
         return
-    if MARKER in marker_names(config, items):
-        _register(config)
+    checker = config.pluginmanager.get_plugin(CHECKER_NAME)
+    if checker is None:
+        _register(config, leaks=True)
+    else:
+        checker.check_leaks()
 
 
-def _register(config: pytest.Config) -> None:
+def _register(config: pytest.Config, *, leaks: bool) -> None:
     from pytest_cuda.leak_checker import LeakChecker
 
     _read_reports(config)
-    checker = LeakChecker(config)
+    checker = LeakChecker(config, leaks=leaks)
     config.pluginmanager.register(checker, CHECKER_NAME)
     checker.start()
 

@@ -72,10 +72,7 @@ def rerun_alone(config: pytest.Config, nodeid: str) -> Rerun:
         path = library.split(": ", 1)[-1]
         return Rerun(note=f"only a library cache holds it ({path}): kept by design", library=path)
     if not report.leaked:
-        return Rerun(
-            note="no leak there: the leak depends on the tests that ran before it "
-            "(run the suite with --cuda-leak-trace to name its lines)"
-        )
+        return Rerun(note="no leak there: the leak depends on the tests that ran before it")
     return Rerun(top=report.top, holder=report.holder, details=report.details)
 
 

@@ -28,21 +28,14 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpumagic import cuda
-from gpumagic.stacks import (
-    Block,
-    FrameFilter,
-    StackGroup,
-    blocks_allocated_since,
-    group_by_stack,
-    short_path,
-)
+from gpumagic.stacks import StackGroup, short_path
 from gpumagic.units import format_bytes, parse_size
-from pytest_cuda.leak_blocks import find_block_holders
+from pytest_cuda.leak_stacks import StackRecording, attribute
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -61,10 +54,7 @@ __all__ = [
     "Release",
     "Rerun",
     "SettleStep",
-    "StackRecording",
-    "attribute",
     "growth",
-    "holders_of",
     "no_cuda_leak",
     "parse_leak_settings",
     "settle",
@@ -74,10 +64,6 @@ Mode = Literal["fail", "warn", "off"]
 #: ``fail``: a leak fails; ``warn``: it is reported without failing; ``off``: no check.
 MODES: tuple[Mode, ...] = ("fail", "warn", "off")
 
-#: The bound on the allocator's event ring when recording is ours (an entry holds an
-#: allocation's stack: about 1 KiB of host memory). The ring says when each live block
-#: was allocated; a check whose code makes more events than this falls back to stacks.
-HISTORY_MAX_ENTRIES = 20_000
 #: At most this many stacks in a report (frames per stack: :data:`gpumagic.stacks.MAX_FRAMES`).
 MAX_STACKS = 8
 
@@ -174,8 +160,9 @@ def _over(current: Mapping[int, int], tolerance: int) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Rerun:
-    """What a leaking test showed when re-run alone in a fresh process with allocation
-    stacks recorded: its allocating line and holder, the report, or why there is none."""
+    """What a leaking test showed when re-run alone in a fresh process
+    (``--cuda-leak-reruns``): its allocating line and holder, the report, or why there
+    is none (it leaks only after the tests before it)."""
 
     top: str | None = None
     holder: str | None = None
@@ -185,8 +172,8 @@ class Rerun:
 
     def lines(self) -> list[str]:
         if self.note:
-            return [f"Re-run alone in a fresh process with stacks recorded: {self.note}"]
-        lines = ["Re-run alone in a fresh process with stacks recorded (--cuda-leak-trace):"]
+            return [f"Re-run alone in a fresh process: {self.note}"]
+        lines = ["Re-run alone in a fresh process:"]
         return lines + [f"  {line}" for line in self.details.splitlines()]
 
 
@@ -244,8 +231,33 @@ class LeakResult:
         return f"{text}, held by {holder}" if holder else text
 
     def holder(self) -> str | None:
-        """The largest holder that Python objects reach, when the walk ran."""
-        return self.holders.first() if self.holders is not None else None
+        """The largest holder that Python objects reach, when the walk ran, or why
+        there is none: what holds the blocks on the C++ side, or that the walk ran out
+        of time. ``None`` when no walk ran."""
+        scan = self.holders
+        if scan is None:
+            return None
+        found = scan.first()
+        if found is not None:
+            return found
+        if not scan.complete:
+            return (
+                "an unknown holder (the search stopped at its time limit; "
+                "--cuda-leak-trace searches to the end)"
+            )
+        if scan.hidden:
+            return (
+                f"an unknown holder ({scan.hidden} objects frozen by gc.freeze() are "
+                "invisible to the search)"
+            )
+        if scan.holders:
+            top = scan.holders[0]
+            return f"no Python object: {top.path} ({top.kind})"
+        return (
+            "no Python object ("
+            + ("; ".join(scan.notes) or "no live tensor shows the blocks")
+            + ")"
+        )
 
     def details(self, subject: str, root: str | None = None) -> str:
         """The report section: amounts, how they were measured, the allocating stacks."""
@@ -394,76 +406,6 @@ class CudaMemory:
                 lambda d: cuda.reset_compile_caches(),
             ),
         )
-
-
-# ---------------------------------------------------------------------------
-# Allocation stacks.
-
-
-class StackRecording:
-    """Allocation-stack recording for leak checks: switched on only where it was off,
-    switched back off by :meth:`close`; the user's own recording is never touched."""
-
-    def __init__(self) -> None:
-        self.owned = False
-        self._closed = False
-
-    def ensure(self) -> None:
-        """Recording on now, if CUDA is initialised (it creates no context)."""
-        if not self._closed and cuda.is_initialized():
-            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES, events=True) or self.owned
-
-    def ensure_at_init(self) -> bool:
-        """Recording on now, or as soon as torch initialises CUDA; ``False`` when torch
-        is not imported, so nothing could be queued."""
-        return cuda.on_cuda_init(self._at_init)
-
-    def _at_init(self) -> None:
-        # Runs inside torch's lazy initialisation: an exception here would break the
-        # user's first CUDA call, so a failure only means no stacks.
-        if self._closed:
-            return
-        try:
-            self.owned = cuda.start_memory_history(HISTORY_MAX_ENTRIES, events=True) or self.owned
-        except Exception:
-            return
-
-    def close(self) -> None:
-        self._closed = True
-        if self.owned and cuda.is_initialized():
-            cuda.stop_memory_history()
-        self.owned = False
-
-
-def attribute(
-    start_us: int, devices: Iterable[int], outermost: tuple[str, str] | None = None
-) -> tuple[tuple[StackGroup, ...], HolderScan]:
-    """The blocks alive now on ``devices`` that were allocated since ``start_us`` (see
-    :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
-    who holds them (:func:`holders_of`)."""
-    wanted = set(devices)
-    found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
-    blocks = [b for b in found if b.device in wanted]
-    is_user = FrameFilter.default().is_user
-    stacks = group_by_stack(blocks, is_user, outermost=outermost)
-    return stacks, holders_of(blocks, is_user)
-
-
-def holders_of(
-    blocks: Sequence[Block], is_user: Callable[[str], bool] = lambda filename: True
-) -> HolderScan:
-    """Who holds the live tensors whose storage lies in ``blocks`` (a walk of the whole
-    heap: for tests already judged leaking only); see :func:`find_block_holders`."""
-
-    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
-        found = cuda.tensor_facts(obj)
-        return None if found is None else (found.storage, found.nbytes, found.device)
-
-    objects = gc.get_objects()
-    try:
-        return find_block_holders(objects, blocks, facts, is_user)
-    finally:
-        del objects
 
 
 # ---------------------------------------------------------------------------

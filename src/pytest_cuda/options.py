@@ -31,8 +31,9 @@ CUDA_MARKER_DOC = (
 )
 
 CUDA_LEAK_CHECK_MARKER_DOC = (
-    "cuda_leak_check(tolerance=0, mode='fail'): fail the test when it leaves more than "
-    "tolerance bytes per device (an int or a size like '4KiB') allocated in this "
+    "cuda_leak_check(tolerance=None, mode='fail'): fail the test when it leaves more than "
+    "tolerance bytes per device (an int or a size like '4KiB'; default: the "
+    "cuda_leak_tolerance ini value, 0 unless set) allocated in this "
     "process's CUDA caching allocator, after garbage collection and after releasing "
     "what libraries keep by design. mode='warn' reports without failing; mode='off' "
     "skips the check (also under --cuda-leak-check)."
@@ -130,17 +131,44 @@ def add_options(parser: Parser) -> None:
         default=False,
         help="fail every test that leaves CUDA memory allocated (this process's caching "
         "allocator, per device, after garbage collection and after releasing what "
-        "cuBLAS and cuFFT keep by design and re-create on demand). Tests that never use CUDA "
-        "cost a few microseconds.",
+        "cuBLAS and cuFFT keep by design and re-create on demand). A leak's report names "
+        "the line that allocated it and who holds it (the Python stack of each live "
+        "block is recorded while checks run). Tests that never use CUDA cost a few "
+        "microseconds.",
     )
     group.addoption(
         "--cuda-leak-trace",
         dest="cuda_leak_trace",
         action="store_true",
         default=False,
-        help="record the Python stack of every CUDA allocation (about 2 us each), so a "
-        "leak report names the lines that allocated the blocks still alive. Applies "
-        "to the tests checked by --cuda-leak-check or the cuda_leak_check marker.",
+        help="the thorough holder search: without it, the search for who holds a leak "
+        "stops after cuda_leak_holder_search seconds per test (0.3 by default; a large "
+        "heap may need more) and says so; with it, it goes to the end. Applies to the "
+        "tests checked by --cuda-leak-check or the cuda_leak_check marker.",
+    )
+    group.addoption(
+        "--cuda-leak-report",
+        dest="cuda_leak_report",
+        metavar="FILE",
+        default=None,
+        help="write every checked test's leak verdict to FILE as JSON (bytes per device, "
+        "tolerance, the allocating line, the holder), for CI artifacts and dashboards; "
+        "under pytest-xdist the controller writes one file for all workers.",
+    )
+    parser.addini(
+        "cuda_leak_holder_search",
+        type="string",
+        default="0.3",
+        help="how long the search for who holds a leak may take per leaking test, in "
+        "seconds (default 0.3; each step up the references scans the heap once). A "
+        "search that runs out says so; --cuda-leak-trace lifts the limit.",
+    )
+    parser.addini(
+        "cuda_leak_tolerance",
+        type="string",
+        default="0",
+        help="the leak check's default tolerance in bytes per device (an int or a size "
+        "like '4KiB'); a cuda_leak_check(tolerance=...) marker overrides it per test.",
     )
     group.addoption(
         "--cuda-leak-reset-caches",
@@ -157,10 +185,11 @@ def add_options(parser: Parser) -> None:
         dest="cuda_leak_reruns",
         metavar="N",
         type=int,
-        default=5,
-        help="without --cuda-leak-trace, re-run each of the first N leaking tests alone "
-        "in a fresh process with allocation stacks recorded, so its report names the "
-        "line that allocated the leak and who holds it (default 5; 0: never).",
+        default=0,
+        help="also re-run each of the first N leaking tests alone in a fresh pytest "
+        "process, and say whether it leaks there too (a leak that appears only after "
+        "other tests depends on them). Default 0: never (each re-run costs a process "
+        "that imports torch and the suite again).",
     )
     group.addoption(
         "--cuda-memory-report",

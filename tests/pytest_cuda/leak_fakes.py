@@ -80,6 +80,7 @@ class FakeAllocator:
         self.next_address = 0x7F00_0000_0000
         self.recording = False
         self.max_entries = 0
+        self.skip_actions: tuple[str, ...] = ()
         self.events: list[list[dict[str, Any]]] = [[] for _ in range(devices)]
         self.workspaces: dict[int, FakeTensor] = {}
         self.fft_plans: dict[int, list[FakeTensor]] = {}
@@ -132,7 +133,7 @@ class FakeAllocator:
         self, device: int, action: str, address: int, size: int, frames: list[dict[str, Any]]
     ) -> None:
         # The allocator's ring of events, with epoch microseconds as torch gives them.
-        if not self.recording:
+        if not self.recording or action in self.skip_actions:
             return
         ring = self.events[device]
         ring.append(
@@ -211,8 +212,16 @@ class FakeAllocator:
     def memory_history_enabled(self) -> bool:
         return self.recording
 
-    def start_memory_history(self, max_entries: int, *, events: bool = False) -> bool:
+    def start_memory_history(
+        self,
+        max_entries: int,
+        *,
+        events: bool = False,
+        event_stacks: bool = True,
+        skip_actions: tuple[str, ...] = (),
+    ) -> bool:
         self.calls.append(f"start_memory_history({max_entries}, events={events})")
+        self.skip_actions = skip_actions
         if self.recording:
             return False
         self.recording = True

@@ -50,6 +50,9 @@ def planted(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Calla
     monkeypatch.delenv("LEAK_FAKE_DEVICES", raising=False)
     pytester.makepyfile(leak_fakes=(Path(__file__).parent / "leak_fakes.py").read_text())
     pytester.makeconftest(PLANTED_CONFTEST)
+    # pytester's in-process runs keep every earlier run's objects: a large heap for the
+    # holder search, which has no time limit to meet here.
+    pytester.makeini("[pytest]\ncuda_leak_holder_search = none\n")
 
     def plant(source: str) -> None:
         pytester.makepyfile(test_planted=source)
@@ -90,14 +93,16 @@ def test_options_marker_and_fixture_are_documented(pytester: pytest.Pytester) ->
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(
         [
-            "*--cuda-leak-check*fail every test that leaves CUDA memory allocated*",
-            "*--cuda-leak-trace*record the Python stack of every CUDA allocation*",
+            "*--cuda-leak-check*fail every test that leaves CUDA*",
+            "*--cuda-leak-trace*the thorough holder search*",
+            "*--cuda-leak-report=FILE*",
             "*--cuda-memory-report=N*",
+            "*cuda_leak_tolerance (string):*",
         ]
     )
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(
-        ["@pytest.mark.cuda_leak_check(tolerance=0, mode='fail'): fail the test when it*"]
+        ["@pytest.mark.cuda_leak_check(tolerance=None, mode='fail'): fail the test when*"]
     )
     result = pytester.runpytest("--fixtures")
     result.stdout.fnmatch_lines(["no_cuda_leak -- *leak_plugin.py:*", "*with no_cuda_leak(*"])
@@ -150,7 +155,8 @@ def test_a_leak_has_its_own_outcome_section_and_summary(
     assert outcomes == {"passed": 4, "leaked": 2}
     result.stdout.fnmatch_lines(
         [
-            "cuda leak check: every test that uses CUDA; this process's allocator; stacks off*",
+            "cuda leak check: every test that uses CUDA; this process's allocator; stacks of live"
+            " blocks recorded; holders searched to the end",
             "*::test_leak_small PASSED*",
             "*::test_leak_small LEAKED*",
             "*= CUDA memory leaks =*",
@@ -159,13 +165,18 @@ def test_a_leak_has_its_own_outcome_section_and_summary(
             "Measured in this process's caching allocator after: young garbage (gc generation"
             " 1), cuBLAS/cuBLASLt workspaces, garbage collection, blocks freed on other "
             "streams (synchronize, empty_cache).",
-            "Stacks not recorded: run again with --cuda-leak-trace to name the lines that "
-            "allocated these blocks and who holds them.",
+            "Blocks still alive, by allocating stack (largest first):",
+            "  512 B in 1 block on cuda:0 (4 B requested)",
+            "    test_planted.py:8 in test_leak_small",
+            "Who holds them (the reference path from a root, largest first):",
+            "  512 B (1 tensor) on cuda:0: test_planted.KEEP[0] (module global)",
             "*_ test_planted.py::test_leak_large _*",
             "test_leak_large left 8.0 MiB (8,388,608 B) allocated on cuda:0; tolerance 0 B.",
             "*- leaking tests -*",
-            "LEAKED test_planted.py::test_leak_small - 512 B on cuda:0",
-            "LEAKED test_planted.py::test_leak_large - 8.0 MiB on cuda:0",
+            "LEAKED test_planted.py::test_leak_small - 512 B on cuda:0, allocated at "
+            "test_planted.py:8 in test_leak_small, held by test_planted.KEEP[0] (module global)",
+            "LEAKED test_planted.py::test_leak_large - 8.0 MiB on cuda:0, allocated at "
+            "test_planted.py:11 in test_leak_large, held by test_planted.KEEP[1] (module global)",
         ]
     )
     result.stdout.no_fnmatch_line("*test_clean LEAKED*")
@@ -201,7 +212,8 @@ def test_trace_names_the_allocating_lines(
     assert result.parseoutcomes() == {"passed": 1, "leaked": 1}
     result.stdout.fnmatch_lines(
         [
-            "cuda leak check: every test that uses CUDA; this process's allocator; stacks recorded",
+            "cuda leak check: every test that uses CUDA; this process's allocator; stacks of live"
+            " blocks recorded; holders searched to the end",
             "test_leak_via_helper left 1.0 GiB (1,073,750,016 B) allocated on cuda:0; "
             "tolerance 0 B.",
             "Blocks still alive, by allocating stack (largest first):",
@@ -258,7 +270,12 @@ def test_a_leak_on_another_device_is_named(
         """
     )
     result = pytester.runpytest("--cuda-leak-check")
-    result.stdout.fnmatch_lines(["LEAKED *::test_second_device - 4.0 KiB on cuda:1"])
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_planted.py::test_second_device - 4.0 KiB on cuda:1, allocated at "
+            "test_planted.py:4 in test_second_device, held by test_planted.KEEP[0] (module global)"
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -307,13 +324,17 @@ def test_the_marker_checks_only_marked_tests_without_the_option(
     assert result.parseoutcomes() == {"passed": 7, "leaked": 4, "warnings": 1}
     result.stdout.fnmatch_lines_random(
         [
-            "LEAKED *::test_bare - 4.0 KiB on cuda:0",
-            "LEAKED *::test_called - 4.0 KiB on cuda:0",
-            "LEAKED *::test_size_tolerance - 4.5 KiB on cuda:0",
-            "LEAKED *::TestClass::test_in_class - 512 B on cuda:0",
-            "WARNED *::test_warn - 8.0 KiB on cuda:0",
+            "LEAKED test_planted.py::test_bare - 4.0 KiB on cuda:0, allocated at "
+            "test_planted.py:10 in test_bare, held by test_planted.KEEP[1] (module global)",
+            "LEAKED *::test_called - 4.0 KiB on cuda:0, allocated at *:14 in test_called, *",
+            "LEAKED *::test_size_tolerance - 4.5 KiB on cuda:0, allocated at *:22 in *",
+            "LEAKED test_planted.py::TestClass::test_in_class - 512 B on cuda:0, allocated at "
+            "test_planted.py:31 in "
+            "test_in_class, held by test_planted.KEEP[6] (module global)",
+            "WARNED test_planted.py::test_warn - 8.0 KiB on cuda:0, allocated at "
+            "test_planted.py:26 in test_warn, held by test_planted.KEEP[5] (module global)",
             "*test_planted.py:24: CudaLeakWarning: CUDA memory leak: test_warn left 8.0 KiB on "
-            "cuda:0 allocated (tolerance 0 B)",
+            "cuda:0 allocated (tolerance 0 B), allocated at test_planted.py:26 in test_warn*",
         ]
     )
     result.stdout.no_fnmatch_line("*test_unmarked_leak*")
@@ -343,7 +364,13 @@ def test_the_marker_overrides_the_option_and_off_skips_the_check(
     )
     result = pytester.runpytest("--cuda-leak-check")
     assert result.parseoutcomes() == {"passed": 3, "leaked": 1}
-    result.stdout.fnmatch_lines(["LEAKED *::test_over_module_tolerance - 2.0 KiB on cuda:0"])
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_planted.py::test_over_module_tolerance - 2.0 KiB on cuda:0, allocated at "
+            "test_planted.py:14 in test_over_module_tolerance, held by test_planted.KEEP[2] "
+            "(module global)"
+        ]
+    )
 
 
 @pytest.mark.parametrize(
@@ -424,7 +451,13 @@ def test_memory_libraries_keep_by_design_is_not_a_leak(
     # the check calls only when asked (a real first torch.compile call keeps none).
     result = pytester.runpytest("--cuda-leak-check", "-v")
     assert result.parseoutcomes() == {"passed": 6, "leaked": 1}
-    result.stdout.fnmatch_lines(["LEAKED test_planted.py::test_first_compile - 4.0 KiB on cuda:0"])
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_planted.py::test_first_compile - 4.0 KiB on cuda:0, allocated at"
+            " test_planted.py:10 in test_first_compile, held by conftest.FAKE.compiled[0]"
+            " (module global)"
+        ]
+    )
     result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reset-caches", "-v")
     assert result.parseoutcomes() == {"passed": 6}
     result.stdout.fnmatch_lines_random(
@@ -510,7 +543,7 @@ def test_a_leak_in_the_last_test_of_a_module_fixture_is_still_caught(
     )
     result = pytester.runpytest("--cuda-leak-check")
     assert result.parseoutcomes() == {"passed": 3, "leaked": 1}
-    result.stdout.fnmatch_lines(["LEAKED *::test_last_user_leaks - 4.0 KiB on cuda:0"])
+    result.stdout.fnmatch_lines(["LEAKED *::test_last_user_leaks - 4.0 KiB on cuda:0, allocated *"])
 
 
 def test_a_fixture_that_leaks_is_charged_to_the_test(
@@ -531,7 +564,9 @@ def test_a_fixture_that_leaks_is_charged_to_the_test(
         """
     )
     result = pytester.runpytest("--cuda-leak-check")
-    result.stdout.fnmatch_lines(["LEAKED *::test_with_leaky_fixture - 4.0 KiB on cuda:0"])
+    result.stdout.fnmatch_lines(
+        ["LEAKED *::test_with_leaky_fixture - 4.0 KiB on cuda:0, allocated at *in leaky*"]
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -561,7 +596,9 @@ def test_a_failing_test_is_checked_and_both_problems_reported(
         [
             "FAILED test_planted.py::test_fails_and_leaks - assert 1 == 2",
             "FAILED test_planted.py::test_fails_holding_locals - assert *",
-            "LEAKED test_planted.py::test_fails_and_leaks - 4.0 KiB on cuda:0",
+            "LEAKED test_planted.py::test_fails_and_leaks - 4.0 KiB on cuda:0, allocated at "
+            "test_planted.py:5 in test_fails_and_leaks, held by test_planted.KEEP[0] (module "
+            "global)",
         ]
     )
     result.stdout.no_fnmatch_line("LEAKED *test_fails_holding_locals*")
@@ -590,7 +627,7 @@ def test_a_fixture_teardown_error_and_a_leak_are_both_reported(
     result.stdout.fnmatch_lines_random(
         [
             "*RuntimeError: teardown broke",
-            "LEAKED test_planted.py::test_leaks - 512 B on cuda:0",
+            "LEAKED test_planted.py::test_leaks - 512 B on cuda:0, allocated at *",
         ]
     )
 
@@ -716,7 +753,7 @@ def test_options_and_markers_stay_known_when_a_mode_is_switched_off(
 
 
 # ---------------------------------------------------------------------------
-# Without --cuda-leak-trace: the leaking test is re-run alone, with stacks.
+# --cuda-leak-reruns: the leaking test is also re-run alone in a fresh process.
 
 RERUN = """
 KEEP = []
@@ -732,7 +769,7 @@ def test_leaks_only_after_another(fake_cuda):
 """
 
 
-def test_a_leak_without_stacks_is_re_run_alone_to_name_its_line_and_holder(
+def test_a_leak_is_re_run_alone_on_request_to_tell_whether_it_needs_the_tests_before(
     pytester: pytest.Pytester, planted: Callable[[str], None]
 ) -> None:
     planted(RERUN)
@@ -742,8 +779,8 @@ def test_a_leak_without_stacks_is_re_run_alone_to_name_its_line_and_holder(
         [
             "test_leaks left 4.0 KiB (4,096 B) allocated on cuda:0; tolerance 0 B.",
             "*",
-            "Stacks not recorded in this run (--cuda-leak-trace records them).",
-            "Re-run alone in a fresh process with stacks recorded (--cuda-leak-trace):",
+            "  4.0 KiB (1 tensor) on cuda:0: test_planted.KEEP[0] (module global)",
+            "Re-run alone in a fresh process:",
             "  test_leaks left 4.0 KiB (4,096 B) allocated on cuda:0; tolerance 0 B.",
             "*",
             "  Blocks still alive, by allocating stack (largest first):",
@@ -756,16 +793,17 @@ def test_a_leak_without_stacks_is_re_run_alone_to_name_its_line_and_holder(
     # A leak that needs the tests before it does not show alone: said so.
     result.stdout.fnmatch_lines(
         [
-            "Re-run alone in a fresh process with stacks recorded: no leak there: the leak "
-            "depends on the tests that ran before it (run the suite with --cuda-leak-trace "
-            "to name its lines)",
+            "Re-run alone in a fresh process: no leak there: the leak depends on the tests "
+            "that ran before it",
         ]
     )
     result.stdout.fnmatch_lines(
         [
             "LEAKED test_planted.py::test_leaks - 4.0 KiB on cuda:0, allocated at "
             "test_planted.py:5 in test_leaks, held by test_planted.KEEP[0] (module global)",
-            "LEAKED test_planted.py::test_leaks_only_after_another - 512 B on cuda:0",
+            "LEAKED test_planted.py::test_leaks_only_after_another - 512 B on cuda:0, allocated "
+            "at test_planted.py:10 in test_leaks_only_after_another, held by "
+            "test_planted.KEEP[1] (module global)",
         ]
     )
 
@@ -776,9 +814,7 @@ def test_re_runs_stop_at_their_number(
     planted(RERUN)
     result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=0")
     result.stdout.no_fnmatch_line("*Re-run alone*")
-    result.stdout.fnmatch_lines(
-        ["Stacks not recorded: run again with --cuda-leak-trace to name the lines that *"]
-    )
+    result.stdout.fnmatch_lines(["LEAKED test_planted.py::test_leaks - 4.0 KiB on cuda:0, *"])
     result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--cuda-leak-reruns takes a number of tests >= 0, got -1*"])
@@ -813,12 +849,13 @@ def test_growth_only_a_library_cache_holds_is_kept_by_design(
             "planted_lib.CACHE[0]: 4.0 KiB on cuda:0",
         ]
     )
-    # Without stacks, the re-run alone finds the same holder.
+    # The default check finds the same holder, and re-runs nothing that a library keeps.
     result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-reruns=1", "-v")
     assert result.parseoutcomes() == {"passed": 1}
     result.stdout.fnmatch_lines(
         [
             "test_planted.py::test_fills_a_library_cache - held by a library cache: "
-            "planted_lib.CACHE[0] (re-run alone): 4.0 KiB on cuda:0",
+            "planted_lib.CACHE[0]: 4.0 KiB on cuda:0",
         ]
     )
+    result.stdout.no_fnmatch_line("*Re-run alone*")

@@ -456,12 +456,13 @@ def test_a_leaking_block_fails_with_the_allocating_line(fake: FakeAllocator) -> 
     assert "left 512 B on cuda:0 allocated (tolerance 0 B)" in first
     source = Path(__file__).read_text().splitlines()
     line = next(i for i, text in enumerate(source, 1) if "# the allocating line" in text)
-    assert first.endswith(
-        f"test_leaks_core.py:{line} in test_a_leaking_block_fails_with_the_allocating_line"
+    assert (
+        f"test_leaks_core.py:{line} in test_a_leaking_block_fails_with_the_allocating_line, "
+        "held by " in first
     )
     assert "512 B in 1 block on cuda:0 (4 B requested)" in message
     assert not fake.recording  # put back off
-    assert "start_memory_history(20000, events=True)" in fake.calls
+    assert "start_memory_history(50000, events=True)" in fake.calls
 
 
 def test_a_workspace_from_before_the_block_cannot_hide_a_leak(fake: FakeAllocator) -> None:

@@ -172,7 +172,11 @@ def memory_history_enabled() -> bool:
 
 
 def start_memory_history(
-    max_entries: int, *, events: bool = False, skip_actions: tuple[str, ...] = ()
+    max_entries: int,
+    *,
+    events: bool = False,
+    event_stacks: bool = True,
+    skip_actions: tuple[str, ...] = (),
 ) -> bool:
     """Record the Python stack of every allocation from now on, unless recording is on.
 
@@ -180,7 +184,10 @@ def start_memory_history(
     of at most ``max_entries`` entries. ``events=False``: the stacks of live blocks
     only (``"state"``: what ``%%gpumem --trace`` reads); ``events=True``: also the ring
     of allocator events with their times (``"all"``, ``context="alloc"``), which tells a
-    leak check which live blocks are new.
+    leak check which live blocks are new. ``event_stacks=False`` (with ``events``): the
+    events keep no stack of their own (``context="state"``), only the live blocks do;
+    the cheapest recording that still says which live blocks are new and who allocated
+    them.
 
     ``skip_actions``: events the ring need not keep (``"free_completed"``: a free is
     already in the ring as ``"free_requested"``, when the allocated bytes drop); a torch
@@ -195,7 +202,8 @@ def start_memory_history(
     torch.cuda.init()  # nothing when initialised or initialising
     if torch._C._cuda_isHistoryEnabled():
         return False
-    enabled, context = ("all", "alloc") if events else ("state", "state")
+    enabled = "all" if events else "state"
+    context = "alloc" if events and event_stacks else "state"
     record = torch.cuda.memory._record_memory_history
     if skip_actions:
         try:

@@ -1,0 +1,122 @@
+"""Which leaked blocks a check's code allocated, the lines that did, and who holds them.
+
+Allocation stacks come from torch's allocator, recorded in its cheapest useful setting
+whenever a leak check is on (:class:`StackRecording`): the Python stack of each live
+block and a ring of events without stacks (``enabled="all"``, ``context="state"``),
+which says which live blocks are new since the check began. :func:`attribute` reads one
+snapshot, groups the new blocks by allocating stack and walks the heap for their
+holders (:func:`holders_of`), within a time budget where the caller gives one.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+from gpumagic import cuda
+from gpumagic.stacks import (
+    Block,
+    FrameFilter,
+    StackGroup,
+    blocks_allocated_since,
+    group_by_stack,
+)
+from pytest_cuda.leak_blocks import find_block_holders
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    from pytest_cuda.leak_holders import HolderScan
+
+__all__ = ["HISTORY_MAX_ENTRIES", "StackRecording", "attribute", "holders_of"]
+
+#: The bound on the allocator's event ring when recording is ours. It keeps allocations
+#: alone, without their stacks (a few dozen bytes each): when each live block was
+#: allocated. A check whose code allocates more often than this falls back to the
+#: blocks' stacks (a block is new when its stack passes through the test function).
+HISTORY_MAX_ENTRIES = 50_000
+
+
+class StackRecording:
+    """Allocation-stack recording for leak checks: switched on only where it was off,
+    switched back off by :meth:`close`; the user's own recording is never touched."""
+
+    def __init__(self) -> None:
+        self.owned = False
+        self._closed = False
+
+    def ensure(self) -> None:
+        """Recording on now, if CUDA is initialised (it creates no context)."""
+        if not self._closed and cuda.is_initialized():
+            self.owned = self._start() or self.owned
+
+    def ensure_at_init(self) -> bool:
+        """Recording on now, or as soon as torch initialises CUDA; ``False`` when torch
+        is not imported, so nothing could be queued."""
+        return cuda.on_cuda_init(self._at_init)
+
+    def _start(self) -> bool:
+        return cuda.start_memory_history(
+            HISTORY_MAX_ENTRIES,
+            events=True,
+            event_stacks=False,
+            skip_actions=("free_requested", "free_completed"),
+        )
+
+    def _at_init(self) -> None:
+        # Runs inside torch's lazy initialisation: an exception here would break the
+        # user's first CUDA call, so a failure only means no stacks.
+        if self._closed:
+            return
+        try:
+            self.owned = self._start() or self.owned
+        except Exception:
+            return
+
+    def close(self) -> None:
+        self._closed = True
+        if self.owned and cuda.is_initialized():
+            cuda.stop_memory_history()
+        self.owned = False
+
+
+def attribute(
+    start_us: int,
+    devices: Iterable[int],
+    outermost: tuple[str, str] | None = None,
+    *,
+    objects: Sequence[object] | None = None,
+    budget_s: float | None = None,
+) -> tuple[tuple[StackGroup, ...], HolderScan]:
+    """The blocks alive now on ``devices`` that were allocated since ``start_us`` (see
+    :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
+    who holds them (:func:`holders_of`, over ``objects`` and within ``budget_s``)."""
+    wanted = set(devices)
+    found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
+    blocks = [b for b in found if b.device in wanted]
+    is_user = FrameFilter.default().is_user
+    stacks = group_by_stack(blocks, is_user, outermost=outermost)
+    return stacks, holders_of(blocks, is_user, objects=objects, budget_s=budget_s)
+
+
+def holders_of(
+    blocks: Sequence[Block],
+    is_user: Callable[[str], bool] = lambda filename: True,
+    *,
+    objects: Sequence[object] | None = None,
+    budget_s: float | None = None,
+) -> HolderScan:
+    """Who holds the live tensors whose storage lies in ``blocks``: the tensors are
+    looked for among ``objects`` (default: the whole heap), the walk up goes through
+    the whole heap (for tests already judged leaking only); see
+    :func:`find_block_holders`."""
+
+    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        found = cuda.tensor_facts(obj)
+        return None if found is None else (found.storage, found.nbytes, found.device)
+
+    heap = gc.get_objects() if objects is None else objects
+    try:
+        return find_block_holders(heap, blocks, facts, is_user, budget_s=budget_s)
+    finally:
+        del heap
