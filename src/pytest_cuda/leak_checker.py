@@ -23,8 +23,9 @@ When a checked test is measured (this process's caching allocator, per device):
   :class:`pytest_cuda.leak_stacks.StackRecording`), the line that allocated them, and
   the holder of their tensors (the walk stops after the ``cuda_leak_holder_search``
   ini value, 0.3 s, unless ``--cuda-leak-trace``). When the walk proves every holder
-  alive (a module's global, a fixture's value), the leak is certain; otherwise one collection of the whole heap
-  decides, so garbage that older objects take part in is never called a leak.
+  alive (a module's global, a fixture's value), the leak is certain; otherwise one
+  collection of the whole heap decides, so garbage that older objects take part in is
+  never called a leak.
 """
 
 from __future__ import annotations
@@ -377,29 +378,33 @@ class LeakChecker:
     def _annotate(self, report: pytest.TestReport, check: _Check) -> None:
         if check.peak:
             setattr(report, REPORT_PEAK, check.peak)
+        if not (check.leaks and check.ran) or check.failure is not None:
+            return  # not checked, never ran, or could not be measured (an error says so)
         result = check.result
-        if result is None:
-            if self.reports is not None and check.ran:  # a re-run child: it ran, clean
-                self.reports[check.item.nodeid] = LeakReport(check.mode, (), ()).to_dict()
-            return
-        subject = _subject(check.item)
-        leak = LeakReport(
-            mode=check.mode,
-            leaked=tuple(sorted(result.leaked.items())),
-            kept=tuple(
-                (step, tuple((d, b) for d, b in sorted(freed.items()) if b > 0))
-                for step, freed in result.kept_by_libraries()
-            ),
-            details=result.details(subject, self.root) if result.leaked else "",
-            top=result.top_frame(self.root) or (result.rerun.top if result.rerun else None),
-            failed_by_leak=check.raised,
-            holder=result.holder() or (result.rerun.holder if result.rerun else None),
-        )
-        setattr(report, REPORT_LEAK, leak.to_dict())
+        if result is None:  # nothing grew
+            leak = LeakReport(check.mode, (), (), tolerance=check.tolerance)
+        else:
+            leak = LeakReport(
+                mode=check.mode,
+                leaked=tuple(sorted(result.leaked.items())),
+                kept=tuple(
+                    (step, tuple((d, b) for d, b in sorted(freed.items()) if b > 0))
+                    for step, freed in result.kept_by_libraries()
+                ),
+                details=result.details(_subject(check.item), self.root) if result.leaked else "",
+                top=result.top_frame(self.root) or (result.rerun.top if result.rerun else None),
+                failed_by_leak=check.raised,
+                holder=result.holder() or (result.rerun.holder if result.rerun else None),
+                tolerance=check.tolerance,
+            )
+        data = leak.to_dict()
+        setattr(report, REPORT_LEAK, data)
+        # JUnit XML properties: junitxml writes a test's at its teardown report.
+        report.user_properties.extend(leak.properties())
         if self.reports is not None:
-            self.reports[check.item.nodeid] = leak.to_dict()
-        if result.leaked:
-            report.sections.append((SECTION, result.details(subject, self.root)))
+            self.reports[check.item.nodeid] = data
+        if leak.leaked:
+            report.sections.append((SECTION, leak.details))
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,22 @@ failed tests too, so both problems are reported.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_cuda.collection import marker_names
-from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, leak_report, peaks
+from pytest_cuda.leak_report import (
+    MARKER,
+    REPORT_LEAK,
+    REPORT_PEAK,
+    json_report,
+    leak_report,
+    peaks,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,10 +60,17 @@ def pytest_configure(config: pytest.Config) -> None:
             "--cuda-leak-reruns takes a number of tests >= 0, got "
             f"{config.getoption('cuda_leak_reruns')}"
         )
+    report_file = config.getoption("cuda_leak_report")
+    if report_file is not None and not Path(report_file).parent.resolve().is_dir():
+        raise pytest.UsageError(
+            f"--cuda-leak-report: the folder of {report_file} does not exist; create it first"
+        )
     leaks = bool(config.getoption("cuda_leak_check") or config.getoption("cuda_leak_trace"))
     if leaks or config.getoption("cuda_memory_report"):
         _register(config, leaks=leaks)
-    elif not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
+    elif report_file is not None or (
+        not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+    ):
         # An xdist controller shows the leaks its workers found (marked tests there).
         _read_reports(config)
 
@@ -81,7 +98,7 @@ def _register(config: pytest.Config, *, leaks: bool) -> None:
 def _read_reports(config: pytest.Config) -> None:
     """Reports can carry leak results from now on: give them their outcome."""
     if not config.pluginmanager.has_plugin(REPORTS_NAME):
-        config.pluginmanager.register(LeakOutcome(), REPORTS_NAME)
+        config.pluginmanager.register(LeakOutcome(config), REPORTS_NAME)
 
 
 @pytest.fixture
@@ -96,8 +113,36 @@ def no_cuda_leak() -> Callable[..., NoCudaLeak]:
 
 
 class LeakOutcome:
-    """The ``leaked`` outcome of a test whose leak failed it; registered only where
-    reports can carry leak results (a checker here, or an xdist controller)."""
+    """The ``leaked`` outcome of a test whose leak failed it, and the
+    ``--cuda-leak-report`` file; registered only where reports can carry leak results
+    (a checker here, or an xdist controller)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        # An xdist worker's reports go to the controller, which writes the one file.
+        worker = hasattr(config, "workerinput")
+        self.path = None if worker else config.getoption("cuda_leak_report")
+        self.rows: list[dict[str, Any]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.path is not None and report.when == "teardown":
+            leak = leak_report(report)
+            if leak is not None:
+                self.rows.append(leak.row(report.nodeid))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.path is None:
+            return
+        text = json.dumps(json_report(self.rows), indent=1)
+        try:
+            Path(self.path).write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            message = f"--cuda-leak-report could not write {self.path}: {exc}"
+            if reporter is not None:
+                reporter.write_line(message, red=True)
+            else:
+                sys.stderr.write(message + "\n")
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(
@@ -122,6 +167,7 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
     if not reports:
         return
     _summarize_leaks(terminalreporter, reports)
+    _summarize_totals(terminalreporter, reports, config.getoption("cuda_leak_report"))
     if config.getoption("verbose") > 0:
         _summarize_kept(terminalreporter, reports)
     count = config.getoption("cuda_memory_report")
@@ -152,6 +198,25 @@ def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> 
         where = f", allocated at {leak.top}" if leak.top else ""
         held = f", held by {leak.holder}" if leak.holder else ""
         tr.write_line(f"{label} {report.nodeid} - {amounts}{where}{held}")
+
+
+def _summarize_totals(
+    tr: TerminalReporter, reports: list[pytest.TestReport], path: str | None
+) -> None:
+    """One line over every checked test, workers' included: how many, and what came of
+    them (pytest-xdist's controller sees its workers' reports)."""
+    found = [leak for r in reports if (leak := leak_report(r)) is not None]
+    if not found:
+        return
+    from gpumagic.units import format_bytes
+
+    document = json_report([leak.row("") for leak in found])["summary"]
+    parts = [f"{document[v]} {v}" for v in ("leaked", "warned", "kept") if document[v]]
+    amounts = ", ".join(f"{format_bytes(b)} on {d}" for d, b in document["leaked_bytes"].items())
+    text = f"cuda leak check: {document['checked']} tests checked"
+    text += f", {', '.join(parts)}" if parts else ", no leak"
+    text += f" ({amounts} leaked)" if amounts else ""
+    tr.write_line(text + (f"; report written to {path}" if path else ""))
 
 
 def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:

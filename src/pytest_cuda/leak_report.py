@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pytest
 
-__all__ = ["MARKER", "REPORT_LEAK", "REPORT_PEAK", "LeakReport", "leak_report", "peaks"]
+__all__ = [
+    "MARKER",
+    "REPORT_LEAK",
+    "REPORT_PEAK",
+    "LeakReport",
+    "json_report",
+    "leak_report",
+    "peaks",
+]
 
 #: The marker that asks for (or switches off) the check of one test.
 MARKER = "cuda_leak_check"
@@ -37,6 +45,41 @@ class LeakReport:
     top: str | None = None  # the user's line that allocated the most of the leak
     failed_by_leak: bool = False
     holder: str | None = None  # who holds the most of it: "mymod.CACHE['x'] (module global)"
+    tolerance: int = 0
+
+    @property
+    def verdict(self) -> str:
+        """``leaked`` (fails), ``warned``, ``kept`` (what grew was released or kept by
+        a library by design) or ``clean``."""
+        if self.leaked:
+            return "leaked" if self.mode == "fail" else "warned"
+        return "kept" if any(freed for _, freed in self.kept) else "clean"
+
+    def properties(self) -> list[tuple[str, str]]:
+        """The verdict as JUnit XML properties (``record_property``'s form)."""
+        found = [("cuda_leak_verdict", self.verdict), ("cuda_leak_tolerance", str(self.tolerance))]
+        if self.leaked:
+            found.append(("cuda_leak_bytes", ", ".join(f"cuda:{d}={b}" for d, b in self.leaked)))
+        found += [("cuda_leak_line", self.top)] if self.top else []
+        found += [("cuda_leak_holder", self.holder)] if self.holder else []
+        return found
+
+    def row(self, nodeid: str) -> dict[str, Any]:
+        """One test's entry in the ``--cuda-leak-report`` JSON file."""
+        return {
+            "nodeid": nodeid,
+            "verdict": self.verdict,
+            "mode": self.mode,
+            "tolerance": self.tolerance,
+            "leaked": {f"cuda:{d}": b for d, b in self.leaked},
+            "kept": [
+                {"step": step, "bytes": {f"cuda:{d}": b for d, b in freed}}
+                for step, freed in self.kept
+                if freed
+            ],
+            "line": self.top,
+            "holder": self.holder,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +90,7 @@ class LeakReport:
             "top": self.top,
             "failed_by_leak": self.failed_by_leak,
             "holder": self.holder,
+            "tolerance": self.tolerance,
         }
 
     @classmethod
@@ -62,7 +106,22 @@ class LeakReport:
             top=data.get("top"),
             failed_by_leak=bool(data.get("failed_by_leak", False)),
             holder=data.get("holder"),
+            tolerance=int(data.get("tolerance", 0)),
         )
+
+
+def json_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``--cuda-leak-report`` document: every checked test's row (see
+    :meth:`LeakReport.row`) and the totals."""
+    counts = dict.fromkeys(("clean", "kept", "warned", "leaked"), 0)
+    leaked: dict[str, int] = {}
+    for row in rows:
+        counts[row["verdict"]] += 1
+        if row["verdict"] == "leaked":
+            for device, amount in row["leaked"].items():
+                leaked[device] = leaked.get(device, 0) + amount
+    summary = {"checked": len(rows), **counts, "leaked_bytes": leaked}
+    return {"version": 1, "tests": rows, "summary": summary}
 
 
 def leak_report(report: pytest.TestReport) -> LeakReport | None:

@@ -7,10 +7,8 @@ its hooks and :mod:`pytest_cuda.leaks` run for real.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import leak_fakes
 import pytest
 
 from gpumagic import cuda
@@ -18,46 +16,7 @@ from gpumagic import cuda
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-PLANTED_CONFTEST = """
-import os
-
-import pytest
-
-import leak_fakes
-
-FAKE = leak_fakes.install(int(os.environ.get("LEAK_FAKE_DEVICES", "1")))
-
-
-def pytest_configure(config):
-    # A leak's re-run is a subprocess: these suites ask for it where they test it.
-    args = [str(a) for a in config.invocation_params.args]
-    if not any(a.startswith("--cuda-leak-reruns") for a in args):
-        config.option.cuda_leak_reruns = 0
-
-
-@pytest.fixture(scope="session")
-def fake_cuda():
-    return FAKE
-"""
-
-
-@pytest.fixture
-def planted(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """``planted(source)`` writes a suite that runs on the fake allocator; the seam's
-    real functions are put back after the test whatever the inner run did."""
-    for name in leak_fakes.seam_names():
-        monkeypatch.setattr(cuda, name, getattr(cuda, name))
-    monkeypatch.delenv("LEAK_FAKE_DEVICES", raising=False)
-    pytester.makepyfile(leak_fakes=(Path(__file__).parent / "leak_fakes.py").read_text())
-    pytester.makeconftest(PLANTED_CONFTEST)
-    # pytester's in-process runs keep every earlier run's objects: a large heap for the
-    # holder search, which has no time limit to meet here.
-    pytester.makeini("[pytest]\ncuda_leak_holder_search = none\n")
-
-    def plant(source: str) -> None:
-        pytester.makepyfile(test_planted=source)
-
-    return plant
+    import leak_fakes
 
 
 def installed() -> leak_fakes.FakeAllocator:
