@@ -184,6 +184,13 @@ def main() -> None:
     )
     parser.add_argument("--files", nargs="*", default=[], help="with --suite: test files")
     parser.add_argument("-k", dest="keyword", help="with --suite: pytest's -k")
+    parser.add_argument("--name", default="", help="with --suite: its name in the results")
+    parser.add_argument(
+        "--suite-rounds", type=int, default=2, help="with --suite: interleaved rounds (default 2)"
+    )
+    parser.add_argument(
+        "--xdist", action="store_true", help="with --suite: also the check under -n 4, once"
+    )
     parser.add_argument(
         "--with-torch",
         action="store_true",
@@ -197,7 +204,15 @@ def main() -> None:
         if args.with_torch:
             bench_leaks_suite.compare_with_torch(args.suite, args.files, args.keyword, args.json)
         else:
-            bench_leaks_suite.main(args.suite, args.files, args.keyword, args.json)
+            bench_leaks_suite.main(
+                args.suite,
+                args.files,
+                args.keyword,
+                args.json,
+                args.suite_rounds,
+                name=args.name,
+                xdist=args.xdist,
+            )
         return
     status = cuda.status()
     date = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,23 +1,24 @@
 """pytest_cuda's leak check on a real third-party GPU test suite (``bench_leaks.py --suite``).
 
 Runs the suite's tests (a folder, with ``--files`` and ``-k`` to select) in a fresh
-``pytest`` process per run: one untimed warm-up (imports, on-disk kernel caches), then
-``rounds`` rounds of the first three configurations, interleaved so drift hits each
-alike (the median wall time counts), and the xdist one once. Every run seeds the random
-generators at each test's setup (``seed_each_test.py``), so an outcome that differs
-from the anchor's is the configuration's doing, not the luck of unseeded tests. The
-configurations:
+``pytest`` process per run: one untimed warm-up with the plugin off (imports, on-disk
+kernel caches), then ``rounds`` rounds of the configurations, interleaved so drift hits
+each alike (odd rounds in reverse order; the median wall time counts), and, with
+``--xdist``, the check under ``-n 4`` once. Every run seeds the random generators at
+each test's setup (``seed_each_test.py``), so an outcome that differs from the anchor's
+is the configuration's doing, not the luck of unseeded tests. The configurations:
 
-* ``plugin off``: ``-p no:cuda`` (the anchor);
-* ``plugin loaded``: no option;
-* ``--cuda-leak-check``;
-* ``--cuda-leak-check -n 4`` (pytest-xdist).
+* ``plugin loaded``: no option (the anchor: what a suite pays with the plugin
+  installed and no check asked for);
+* ``--cuda-leak-check``: the default check;
+* ``--cuda-leak-check --cuda-leak-trace``: the holder search without its time limit.
 
-For each: the wall time of the whole process, the summed teardown time of the tests
-(pytest's ``--durations``), the outcomes (JUnit XML), the tests whose outcome differs
-from the anchor's, and every ``LEAKED`` line of the report. Third-party code is never
-committed here: ``docs/performance.md`` says how to get the suite (a ``git clone`` at
-the tag of the installed version); on the GPU machine it travels as an ignored folder.
+For each: the wall time of the whole process, the summed and the worst per-test growth
+of teardown time against the anchor (pytest's ``--durations``), the outcomes (JUnit
+XML), the tests whose outcome differs from the anchor's, every ``LEAKED`` line, and how
+many of them name the allocating line and a holder (or say why there is none).
+Third-party code is never committed here: ``docs/performance.md`` says how to get each
+suite; on the GPU machine it travels as an ignored folder.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,11 +37,12 @@ from pathlib import Path
 from typing import Any
 
 CONFIGS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("plugin off", ("-p", "no:cuda")),
     ("plugin loaded", ()),
     ("--cuda-leak-check", ("--cuda-leak-check",)),
-    ("--cuda-leak-check -n 4", ("--cuda-leak-check", "-n", "4")),
+    ("--cuda-leak-check --cuda-leak-trace", ("--cuda-leak-check", "--cuda-leak-trace")),
 )
+PLUGIN_OFF = ("plugin off", ("-p", "no:cuda"))
+XDIST = ("--cuda-leak-check -n 4", ("--cuda-leak-check", "-n", "4"))
 #: PyTorch's checker on the first tests that use CUDA (torch_leak_check.py), compared
 #: with the anchor and with --cuda-leak-check on the same run's tests.
 TORCH_CONFIG = ("PyTorch CudaMemoryLeakCheck", ("-p", "no:cuda", "-p", "torch_leak_check"))
@@ -97,15 +100,19 @@ def run_config(
         wall = time.perf_counter() - started
         results = outcomes(junit) if junit.exists() else {}
     phases = {"setup": 0.0, "call": 0.0, "teardown": 0.0}
+    teardowns: dict[str, float] = {}
     for line in done.stdout.splitlines():
         found = _DURATION.match(line)
         if found:
             phases[found.group(2)] += float(found.group(1))
+            if found.group(2) == "teardown":
+                teardowns[found.group(3)] = float(found.group(1))
     teardown = phases["teardown"]
     leaked = [line.strip() for line in done.stdout.splitlines() if line.startswith("LEAKED ")]
     return {
         "wall_s": wall,
         "teardown_s": teardown,
+        "teardowns": teardowns,
         "phases_s": phases,
         "exit": done.returncode,
         "outcomes": results,
@@ -114,7 +121,36 @@ def run_config(
     }
 
 
-def environment(bench: str) -> dict[str, Any]:
+def leaked_lines(lines: list[str]) -> dict[str, int]:
+    """How many ``LEAKED`` lines name the allocating line, a holder, or why no holder
+    was found (nothing in Python reaches it, or the search ran out of time)."""
+    return {
+        "leaked": len(lines),
+        "with_line": sum(", allocated at " in line for line in lines),
+        "with_holder": sum(
+            ", held by " in line and ", held by an unknown holder" not in line for line in lines
+        ),
+        "with_holder_or_why": sum(", held by " in line for line in lines),
+    }
+
+
+def teardown_growth(anchor: list[dict[str, Any]], runs: list[dict[str, Any]]) -> tuple[float, str]:
+    """The largest growth of one test's teardown time over the anchor's (the anchor's
+    fastest of its runs, this configuration's slowest), and which test."""
+    base: dict[str, float] = {}
+    for run in anchor:
+        for name, seconds in run["teardowns"].items():
+            base[name] = min(seconds, base.get(name, seconds))
+    worst, which = 0.0, ""
+    for run in runs:
+        for name, seconds in run["teardowns"].items():
+            grown = seconds - base.get(name, 0.0)
+            if grown > worst:
+                worst, which = grown, name
+    return worst, which
+
+
+def environment(bench: str, suite: str = "") -> dict[str, Any]:
     """The first JSON line of a result file: which benchmark, machine and versions."""
     from datetime import UTC, datetime
     from importlib.metadata import PackageNotFoundError, version
@@ -128,8 +164,9 @@ def environment(bench: str) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
         "python": sys.version.split()[0],
         "torch": torch.__version__,
+        "suite": suite,
     }
-    for name in ("pytest", "pytest-xdist", "torch_geometric"):
+    for name in ("pytest", "pytest-xdist", "torch_geometric", "torchvision", "gpytorch"):
         with contextlib.suppress(PackageNotFoundError):
             found[name.replace("-", "_")] = version(name)
     return found
@@ -141,9 +178,9 @@ def compare_with_torch(
     """The anchor, PyTorch's checker and ours, once each, on the same tests; the tests
     each checker fails that the anchor passes are its reported leaks."""
     targets = files or ["."]
-    anchor = run_config(suite, targets, CONFIGS[0][1], keyword)
+    anchor = run_config(suite, targets, PLUGIN_OFF[1], keyword)
     rows: list[dict[str, Any]] = [environment("leaks_suite_torch")]
-    for label, options in (TORCH_CONFIG, CONFIGS[2]):
+    for label, options in (TORCH_CONFIG, CONFIGS[1]):
         result = run_config(suite, targets, options, keyword)
         changed = sorted(
             name
@@ -178,75 +215,93 @@ def compare_with_torch(
 
 
 def main(
-    suite: Path, files: list[str], keyword: str | None, out: Path | None, rounds: int = 2
+    suite: Path,
+    files: list[str],
+    keyword: str | None,
+    out: Path | None,
+    rounds: int = 2,
+    *,
+    name: str = "",
+    xdist: bool = False,
 ) -> None:
     targets = files or ["."]
-    warm = run_config(suite, targets, CONFIGS[0][1], keyword)
-    print(f"warm-up ({CONFIGS[0][0]}): {warm['wall_s']:.1f} s wall, untimed", flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in CONFIGS}
+    name = name or suite.name
+    warm = run_config(suite, targets, PLUGIN_OFF[1], keyword)
+    print(f"[{name}] warm-up ({PLUGIN_OFF[0]}): {warm['wall_s']:.1f} s wall, untimed", flush=True)
+    configs = list(CONFIGS)
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in (*configs, XDIST)}
     for round_ in range(rounds):
         # Odd rounds run the configurations in reverse: none always follows another.
-        order = CONFIGS if round_ == 0 else CONFIGS[:3][:: -1 if round_ % 2 else 1]
-        for label, options in order:
+        for label, options in configs[:: -1 if round_ % 2 else 1]:
             result = run_config(suite, targets, options, keyword)
             runs[label].append(result)
-            phases = ", ".join(f"{k} {v:.1f} s" for k, v in result["phases_s"].items())
             print(
-                f"round {round_ + 1} {label}: {result['wall_s']:.1f} s wall ({phases}), "
-                f"{len(result['outcomes'])} tests (exit {result['exit']})",
+                f"[{name}] round {round_ + 1} {label}: {result['wall_s']:.1f} s wall, "
+                f"teardown {result['phases_s']['teardown']:.1f} s, {len(result['outcomes'])} "
+                f"tests (exit {result['exit']}), {len(result['leaked'])} LEAKED",
                 flush=True,
             )
-    anchor: dict[str, str] = runs[CONFIGS[0][0]][0]["outcomes"]
+    if xdist:
+        configs.append(XDIST)
+        runs[XDIST[0]].append(run_config(suite, targets, XDIST[1], keyword))
+    anchor_runs = runs[CONFIGS[0][0]]
+    anchor: dict[str, str] = anchor_runs[0]["outcomes"]
     rows = []
-    for label, _ in CONFIGS:
+    for label, _ in configs:
         found = runs[label]
-        result = dict(found[0])
         walls = sorted(r["wall_s"] for r in found)
-        result["wall_s"] = walls[len(walls) // 2] if len(walls) % 2 else sum(walls[-2:]) / 2
-        result["walls"] = [r["wall_s"] for r in found]
-        result["teardown_s"] = max(r["teardown_s"] for r in found)
+        worst, which = teardown_growth(anchor_runs, found)
         changed = sorted(
             {
-                name
+                test
                 for r in found
-                for name, state in r["outcomes"].items()
-                if anchor.get(name, state) != state
+                for test, state in r["outcomes"].items()
+                if anchor.get(test, state) != state
             }
         )
-        result.update(label=label, changed=changed)
-        rows.append(result)
-        print(
-            f"{label}: {result['wall_s']:.1f} s wall (runs: "
-            f"{', '.join(f'{w:.1f}' for w in result['walls'])}), "
-            f"{result['teardown_s']:.1f} s teardown, {len(result['outcomes'])} tests, "
-            f"{len(changed)} outcome changes, {len(result['leaked'])} LEAKED",
-            flush=True,
+        leaked = found[-1]["leaked"]
+        rows.append(
+            {
+                "bench": "leaks_suite",
+                "suite": name,
+                "label": label,
+                "wall_s": statistics.median(walls),
+                "walls": [r["wall_s"] for r in found],
+                "teardown_s": max(r["phases_s"]["teardown"] for r in found),
+                "worst_teardown_growth_s": worst,
+                "worst_teardown_test": which,
+                "tests": len(found[0]["outcomes"]),
+                "changed": changed,
+                "leaked": leaked,
+                **leaked_lines(leaked),
+                "tail": found[-1]["tail"][-1500:],
+            }
         )
-        if len(result["outcomes"]) < len(anchor) // 2:
-            print(f"  [{label}] the JUnit file holds few tests; the run ended with:")
-            print("    " + result["tail"][-1500:].replace("\n", "\n    "))
-    base, loaded = rows[0]["wall_s"], rows[1]["wall_s"]
+    base = rows[0]["wall_s"]
     print(
-        "\n| configuration | wall (s), median | vs plugin off | vs plugin loaded | teardown (s) "
-        "| tests | outcome changes | LEAKED |"
+        f"\n[{name}] | configuration | wall (s), median | vs plugin loaded | teardown (s) | "
+        "worst test's teardown growth (s) | tests | outcome changes | LEAKED | with line "
+        "| with holder | holder or why |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['label']} | {row['wall_s']:.1f} | {row['wall_s'] / base:.3f} | "
-            f"{row['wall_s'] / loaded:.3f} | {row['teardown_s']:.1f} | {len(row['outcomes'])} "
-            f"| {len(row['changed'])} | {len(row['leaked'])} |"
+            f"{row['teardown_s']:.1f} | {row['worst_teardown_growth_s']:.2f} "
+            f"({row['worst_teardown_test']}) | {row['tests']} | {len(row['changed'])} | "
+            f"{len(row['leaked'])} | {row['with_line']} | {row['with_holder']} | "
+            f"{row['with_holder_or_why']} |"
         )
     for row in rows:
         for line in row["leaked"]:
-            print(f"  [{row['label']}] {line}")
-        for name in row["changed"][:20]:
+            print(f"  [{name}] [{row['label']}] {line}")
+        for test in row["changed"][:20]:
             print(
-                f"  [{row['label']}] changed: {name}: {anchor.get(name)} -> {row['outcomes'][name]}"
+                f"  [{name}] [{row['label']}] changed: {test}: {anchor.get(test)} -> "
+                f"{next(r['outcomes'].get(test) for r in runs[row['label']])}"
             )
     if out is not None:
         with out.open("a") as stream:
-            stream.write(json.dumps(environment("leaks_suite")) + "\n")
+            stream.write(json.dumps(environment("leaks_suite", name)) + "\n")
             for row in rows:
-                kept = {k: v for k, v in row.items() if k != "outcomes"}
-                stream.write(json.dumps({"bench": "leaks_suite", **kept}) + "\n")
+                stream.write(json.dumps(row) + "\n")
