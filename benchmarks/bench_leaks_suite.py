@@ -241,6 +241,9 @@ def main(
                 f"tests (exit {result['exit']}), {len(result['leaked'])} LEAKED",
                 flush=True,
             )
+            if round_ == 0:  # shown as they come: a run cut short keeps them
+                for line in result["leaked"]:
+                    print(f"  [{name}] [{label}] {line}", flush=True)
     if xdist:
         configs.append(XDIST)
         runs[XDIST[0]].append(run_config(suite, targets, XDIST[1], keyword))
@@ -293,8 +296,6 @@ def main(
             f"{row['with_holder_or_why']} |"
         )
     for row in rows:
-        for line in row["leaked"]:
-            print(f"  [{name}] [{row['label']}] {line}")
         for test in row["changed"][:20]:
             print(
                 f"  [{name}] [{row['label']}] changed: {test}: {anchor.get(test)} -> "

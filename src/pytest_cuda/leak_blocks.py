@@ -71,7 +71,11 @@ def find_block_holders(
         block = block_of.get(key)
         return None if block is None else _kept_by_library(block, is_user)
 
-    scan = find_holders(objects, in_blocks, explain, budget_s=budget_s)
+    def covered() -> bool:
+        shown = {(b.device, b.address) for b in block_of.values()}
+        return all((b.device, b.address) in shown for b in blocks)
+
+    scan = find_holders(objects, in_blocks, explain, budget_s=budget_s, covered=covered)
     shown = {(b.device, b.address) for b in block_of.values()}
     hidden: dict[tuple[str, str], list[Block]] = {}
     for block in blocks:

@@ -143,6 +143,7 @@ def find_holders(
     explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None = None,
     *,
     budget_s: float | None = None,
+    covered: Callable[[], bool] | None = None,
 ) -> HolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
@@ -151,8 +152,10 @@ def find_holders(
     to look for the tensors (``gc.get_objects()``, or what a test made); the walk up
     goes through the whole heap. ``explain(key)`` may name the ``(path, kind)`` of a
     storage the walk found no root for. ``budget_s``: the walk stops after about this
-    long (each step up scans the heap once), saying so. Never raises: what cannot be
-    inspected is in :attr:`HolderScan.notes`.
+    long (each step up scans the heap once), saying so. ``covered()``: the tensors
+    found so far account for every leaked block, so autograd graphs need not be read
+    for saved tensors. Never raises: what cannot be inspected is in
+    :attr:`HolderScan.notes`.
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
@@ -164,7 +167,8 @@ def find_holders(
             warnings.simplefilter("ignore")
             targets.update(_targets(objects, facts))
             _walk_up(list(targets.values()), notes, budget, ignore={id(objects)})
-            _saved_by_graphs(objects, targets, facts, notes, budget)
+            if covered is None or not covered():
+                _saved_by_graphs(objects, targets, facts, notes, budget)
         if not targets:
             notes.append(NO_TENSOR)
     except Exception as exc:  # the report must come out whatever the heap holds
@@ -442,7 +446,9 @@ def _saved_by_graphs(
     if not owners:
         return
     nodes = MAX_GRAPH_NODES
+    probes: list[tuple[_Target, _Target, str]] = []  # (the owner's probe, target, where)
     for owner, grad_fn in owners:
+        probe = _Target(owner, ("graph", id(owner)), 0, "")
         stack: list[tuple[object, str]] = [(grad_fn, f".grad_fn ({type(grad_fn).__name__})")]
         visited: set[int] = set()
         while stack and nodes > 0 and not budget.spent():
@@ -464,7 +470,8 @@ def _saved_by_graphs(
                     target = targets[fact[0]] = _Target(saved, fact[0], fact[1], fact[2])
                 if target.path and not target.kind.startswith("C++"):
                     continue
-                _graph_root(owner, target, f"{where}.{name}", budget)
+                target.path = "…"  # placed below, once the owners' walk is done
+                probes.append((probe, target, f"{where}.{name}"))
             for index, pair in enumerate(getattr(node, "next_functions", ()) or ()):
                 following = pair[0] if pair else None
                 if following is not None:
@@ -472,17 +479,14 @@ def _saved_by_graphs(
                     stack.append((following, label))
     if nodes <= 0:
         notes.append(f"autograd graphs were read up to {MAX_GRAPH_NODES} nodes")
-
-
-def _graph_root(owner: object, target: _Target, where: str, budget: _Budget) -> None:
-    """The saved tensor is held by ``owner``'s graph: find who holds the owner."""
-    probe = _Target(owner, target.key, 0, target.device)
-    _walk_up([probe], [], budget)
-    held_by = probe.path or "a tensor that the walk could not place"
-    target.path = f"{held_by}{where}"
-    target.kind = "autograd graph (a saved tensor)"
-    target.note = probe.note
-    target.alive = probe.alive
+    # One walk up for every owner at once (each step scans the heap once).
+    _walk_up(list({id(p): p for p, _, _ in probes}.values()), [], budget)
+    for probe, target, where in probes:
+        held_by = probe.path or "a tensor that the walk could not place"
+        target.path = f"{held_by}{where}"
+        target.kind = "autograd graph (a saved tensor)"
+        target.note = probe.note
+        target.alive = probe.alive
 
 
 def _graph_owners(objects: Sequence[object]) -> list[tuple[object, object]]:
