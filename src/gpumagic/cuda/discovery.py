@@ -1,7 +1,8 @@
 """Discovery: which CUDA devices this process can use, and why not when it cannot.
 
-Never creates a CUDA context: NVML is asked for the boards, ``CUDA_VISIBLE_DEVICES``
-maps them to indices, and torch's version file is read instead of importing torch.
+Never creates a CUDA context and never imports torch: NVML is asked for the boards
+(the CUDA driver API where a driver has no NVML), ``CUDA_VISIBLE_DEVICES`` maps them
+to indices, and torch's version file is read instead of importing torch.
 Without CUDA (torch missing, a CPU-only build, no driver, every device hidden) the
 answer carries a reason (:class:`CudaUnavailable`) instead of an error deep in torch.
 Also the per-process NVML readings (device and process memory) and the one place that
@@ -11,6 +12,7 @@ imports torch (:func:`torch_module`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib.util
 import os
@@ -71,7 +73,7 @@ def _torch_version_file() -> dict[str, str | None]:
         return {"torch": "unknown", "cuda": None}
     found: dict[str, str | None] = {"torch": "unknown", "cuda": None}
     for key, name in (("torch", "__version__"), ("cuda", "cuda")):
-        match = re.search(rf"^{name}\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        match = re.search(rf"^{name}\s*(?::[^=\n]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
         if match:
             found[key] = match.group(1)
     return found
@@ -158,7 +160,7 @@ def _status_now() -> CudaStatus:
         )
     nvml = _nvml()
     if nvml is None:
-        return _status_from_torch(common)
+        return _status_from_driver(common)
     driver = _as_str(nvml.nvmlSystemGetDriverVersion())
     common["driver_version"] = driver
     physical = _nvml_physical_devices(nvml)
@@ -176,17 +178,69 @@ def _status_now() -> CudaStatus:
     return CudaStatus(True, "", devices=tuple(visible), **common)
 
 
-def _status_from_torch(common: dict[str, Any]) -> CudaStatus:
-    """NVML is missing: ask torch (``device_count`` creates no context) for a count."""
-    torch = torch_module()
-    count = torch.cuda.device_count()
-    if count == 0:
-        return CudaStatus(False, "no NVIDIA driver or GPU was found", **common)
-    placeholders = tuple(
-        DeviceInfo(index=i, name="unknown (NVML unavailable)", total_memory=0, capability=(0, 0))
-        for i in range(count)
-    )
-    return CudaStatus(True, "", devices=placeholders, **common)
+def _status_from_driver(common: dict[str, Any]) -> CudaStatus:
+    """NVML is missing: ask the CUDA driver itself, else there is no driver.
+
+    A driver without NVML is rare (Jetson boards); there the driver API lists the
+    devices. Without either library there is no NVIDIA driver, which is the answer on
+    every GPU-less machine with a CUDA build of torch, and torch is not imported for it.
+    """
+    found = _driver_devices()
+    if found is None:
+        return CudaStatus(
+            False, "no NVIDIA driver was found (neither NVML nor libcuda loads)", **common
+        )
+    if not found:
+        return CudaStatus(False, "the CUDA driver reports no visible GPU", **common)
+    return CudaStatus(True, "", devices=tuple(found), **common)
+
+
+@functools.cache
+def _cuda_driver() -> Any:
+    """The CUDA driver library (``libcuda``) through ctypes; ``None`` when it is missing."""
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+# cuDeviceGetAttribute's ids of the compute capability (cuda.h).
+_CAPABILITY_MAJOR, _CAPABILITY_MINOR = 75, 76
+
+
+def _driver_devices() -> list[DeviceInfo] | None:
+    """The visible devices as the CUDA driver API lists them (``cuInit`` creates no
+    context); ``None`` without a driver library or when the driver does not start.
+
+    The driver reads ``CUDA_VISIBLE_DEVICES`` once, at ``cuInit``, as torch does.
+    """
+    lib = _cuda_driver()
+    if lib is None or lib.cuInit(0) != 0:
+        return None
+    count = ctypes.c_int(0)
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    found = []
+    for i in range(count.value):
+        handle, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+        name = ctypes.create_string_buffer(256)
+        total = ctypes.c_size_t(0)
+        if lib.cuDeviceGet(ctypes.byref(handle), i) != 0:
+            return None
+        lib.cuDeviceGetName(name, len(name), handle)
+        lib.cuDeviceTotalMem_v2(ctypes.byref(total), handle)
+        lib.cuDeviceGetAttribute(ctypes.byref(major), _CAPABILITY_MAJOR, handle)
+        lib.cuDeviceGetAttribute(ctypes.byref(minor), _CAPABILITY_MINOR, handle)
+        found.append(
+            DeviceInfo(
+                index=i,
+                name=name.value.decode(errors="replace") or "unknown",
+                total_memory=int(total.value),
+                capability=(int(major.value), int(minor.value)),
+            )
+        )
+    return found
 
 
 _STATUS: CudaStatus | None = None
@@ -198,7 +252,8 @@ _STATUS_KEY: str | None = None
 def status() -> CudaStatus:
     """Whether CUDA is usable here, the versions, and the visible devices.
 
-    Creates no CUDA context and does not import torch. Cached until
+    Creates no CUDA context and does not import torch, with or without a driver: NVML
+    lists the boards, else the CUDA driver API (``libcuda`` through ctypes). Cached until
     ``CUDA_VISIBLE_DEVICES`` changes or :func:`reset_status_cache` is called.
     """
     global _STATUS, _STATUS_KEY
