@@ -240,8 +240,11 @@ def read_devices(
                 )
         total = device.total_memory or None
         try:
-            total, used, free, driver_reserved = cuda.nvml_memory_info(device)
-            fields.update(device_used=used, device_free=free, driver_reserved=driver_reserved)
+            nvml = cuda.nvml_memory_info(device)
+            total = nvml.total
+            fields.update(
+                device_used=nvml.used, device_free=nvml.free, driver_reserved=nvml.driver_reserved
+            )
         except cuda.CudaUnavailable as exc:
             notes.append(f"{exc}: no device-wide or per-process figures")
             if initialized:

@@ -79,9 +79,9 @@ def test_status_says_when_visible_devices_hides_everything(monkeypatch: pytest.M
 
 @pytest.mark.usefixtures("two_boards")
 def test_status_cache_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert cuda.device_count() == 2
+    assert len(cuda.devices()) == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert cuda.device_count() == 1
+    assert len(cuda.devices()) == 1
 
 
 def test_status_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,12 +215,12 @@ DISCOVERY_LEAVES_NO_CONTEXT = textwrap.dedent(
     before = torch.cuda.is_initialized()
     pids = {}
     for d in status.devices:
-        pids.update(cuda.nvml_process_memory(d))
+        pids.update(cuda.nvml_processes(d))
     print(json.dumps({
         "initialized": before,
         "our_pid_on_gpu": os.getpid() in pids,
         "torch_count": torch.cuda.device_count(),
-        "count": cuda.device_count(),
+        "count": len(cuda.devices()),
     }))
     """
 )
@@ -295,9 +295,9 @@ def test_nvml_sees_this_process_once_cuda_is_in_use() -> None:
     import torch
 
     torch.ones(1, device="cuda:0")
-    used, free, total = cuda.nvml_device_memory(cuda.devices()[0])
-    assert used + free <= total
-    assert cuda.nvml_process_memory(cuda.devices()[0]).get(os.getpid(), 0) > 0
+    memory = cuda.nvml_memory_info(cuda.devices()[0])
+    assert memory.used + memory.free <= memory.total
+    assert (dict(cuda.nvml_processes(cuda.devices()[0])).get(os.getpid()) or 0) > 0
 
 
 @pytest.mark.cuda

@@ -5,8 +5,8 @@ Never creates a CUDA context and never imports torch: NVML is asked for the boar
 to indices, and torch's version file is read instead of importing torch.
 Without CUDA (torch missing, a CPU-only build, no driver, every device hidden) the
 answer carries a reason (:class:`CudaUnavailable`) instead of an error deep in torch.
-Also the per-process NVML readings (device and process memory) and the one place that
-imports torch (:func:`torch_module`).
+Also NVML's readings of a device (its memory, its processes: one function each) and
+the one place that imports torch (:func:`torch_module`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from gpumagic.devices import (
     CudaStatus,
@@ -34,18 +34,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CudaUnavailable",
-    "device_count",
+    "NvmlMemory",
     "devices",
     "is_initialized",
-    "nvml_device_memory",
     "nvml_memory_info",
-    "nvml_process_memory",
     "nvml_processes",
     "require",
     "reset_status_cache",
     "status",
     "torch_module",
-    "torch_package_dir",
     "visible_devices",
 ]
 
@@ -274,11 +271,6 @@ def devices() -> tuple[DeviceInfo, ...]:
     return status().devices
 
 
-def device_count() -> int:
-    """How many devices this process may use; no context is created."""
-    return len(status().devices)
-
-
 def require() -> CudaStatus:
     """The status when CUDA is usable, else :class:`CudaUnavailable` with the reason."""
     current = status()
@@ -314,27 +306,6 @@ def _nvml_handle(device: DeviceInfo) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(device.physical_index)
 
 
-def nvml_device_memory(device: DeviceInfo) -> tuple[int, int, int]:
-    """``(used, free, total)`` bytes of the whole device, all processes included."""
-    memory = _require_nvml().nvmlDeviceGetMemoryInfo(_nvml_handle(device))
-    return int(memory.used), int(memory.free), int(memory.total)
-
-
-def nvml_process_memory(device: DeviceInfo) -> dict[int, int]:
-    """``{pid: bytes}`` of the compute processes on ``device``, as nvidia-smi shows them.
-
-    Empty where the driver does not report processes (some containers, MIG).
-    """
-    nvml = _require_nvml()
-    handle = _nvml_handle(device)
-    result: dict[int, int] = {}
-    with contextlib.suppress(nvml.NVMLError):
-        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            used = proc.usedGpuMemory
-            result[int(proc.pid)] = int(used) if used is not None else 0
-    return result
-
-
 def _require_nvml() -> ModuleType:
     nvml = _nvml()
     if nvml is None:
@@ -359,12 +330,23 @@ def visible_devices(value: str | None) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
-def nvml_memory_info(device: DeviceInfo) -> tuple[int, int, int, int | None]:
-    """``(total, used, free, driver_reserved)`` bytes of the whole device.
+class NvmlMemory(NamedTuple):
+    """One device's memory as NVML reports it, in bytes, all processes included."""
 
-    Uses NVML's v2 memory query where the driver has it (driver 515+): there ``used``
-    excludes the memory the driver reserves for itself, as nvidia-smi shows it, and
-    ``driver_reserved`` is that reservation; otherwise ``None`` (gpustat#141). Raises
+    total: int
+    #: As nvidia-smi shows it: without the driver's own reservation where the driver
+    #: reports that reservation (NVML's v2 query, driver 515+).
+    used: int
+    free: int
+    #: What the driver reserves for itself; ``None`` where the driver does not say.
+    driver_reserved: int | None
+
+
+def nvml_memory_info(device: DeviceInfo) -> NvmlMemory:
+    """The whole device's memory (:class:`NvmlMemory`), every process included.
+
+    Uses NVML's v2 memory query where the driver has it (driver 515+), else v1, whose
+    ``used`` includes the driver's reservation (gpustat#141). Raises
     :class:`CudaUnavailable` when NVML is missing or the query fails.
     """
     nvml = _require_nvml()
@@ -374,13 +356,15 @@ def nvml_memory_info(device: DeviceInfo) -> tuple[int, int, int, int | None]:
         if version is not None:
             with contextlib.suppress(nvml.NVMLError, TypeError, AttributeError):
                 info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
-                return int(info.total), int(info.used), int(info.free), int(info.reserved)
+                return NvmlMemory(
+                    int(info.total), int(info.used), int(info.free), int(info.reserved)
+                )
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
     except nvml.NVMLError as exc:
         raise CudaUnavailable(
             f"NVML could not read the memory of cuda:{device.index}: {exc}"
         ) from None
-    return int(info.total), int(info.used), int(info.free), None
+    return NvmlMemory(int(info.total), int(info.used), int(info.free), None)
 
 
 def nvml_processes(device: DeviceInfo) -> list[tuple[int, int | None]]:
@@ -410,10 +394,3 @@ def nvml_processes(device: DeviceInfo) -> list[tuple[int, int | None]]:
             f"NVML could not list the processes on cuda:{device.index}: {exc}"
         ) from None
     return sorted(found.items())
-
-
-def torch_package_dir() -> Path | None:
-    """Where the imported torch lives (to tell its frames from the user's); no import."""
-    module = sys.modules.get("torch")
-    location = getattr(module, "__file__", None)
-    return Path(location).parent if location else None
