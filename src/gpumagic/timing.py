@@ -48,8 +48,8 @@ __all__ = [
     "check_device",
     "device_scope",
     "loop",
-    "settle",
     "time_cuda",
+    "wait_for_setup",
 ]
 
 
@@ -87,7 +87,7 @@ def device_scope(options: TimingOptions) -> Iterator[None]:
         yield
 
 
-def settle() -> None:
+def wait_for_setup() -> None:
     """Wait for the GPU work queued so far (after the setup), creating no context."""
     if cuda.is_initialized():
         cuda.synchronize(cuda.devices_with_context())

@@ -31,8 +31,8 @@ from gpumagic.timing import (
     TimingOptions,
     check_device,
     device_scope,
-    settle,
     time_cuda,
+    wait_for_setup,
 )
 from gpumagic.timing_counts import SETUP_NOTE
 from gpumagic.units import parse_amount
@@ -228,7 +228,7 @@ class CudaTimeMagics(Magics):
             with device_scope(options):
                 if setup.strip():
                     exec(self._code(setup, filename, 0), shell.user_ns)
-                settle()
+                wait_for_setup()
         except Exception as exc:
             show_from(exc, filename, shell)
             raise
