@@ -114,3 +114,21 @@ def test_the_walk_sees_lazy_and_string_imports() -> None:
 def test_no_import_cycle_in_src() -> None:
     graph = {m: imports_of(m) for m in MODULES}
     assert find_cycles(graph) == []
+
+
+#: What the seam may import from the rest of the project: facts about devices and a
+#: garbage-collector pause, no policy (what counts as the user's code, a tool's text).
+SEAM_MAY_IMPORT = {"gpumagic", "gpumagic.devices", "gpumagic.units", "gpumagic.gc_pause"}
+
+
+def test_the_seam_imports_no_policy() -> None:
+    seam = [m for m in MODULES if m == "gpumagic.cuda" or m.startswith("gpumagic.cuda.")]
+    found = {
+        (m, target)
+        for m in seam
+        for target in imports_of(m)
+        if target not in SEAM_MAY_IMPORT and not target.startswith("gpumagic.cuda")
+    }
+    assert found == set()
+    # The plugin's messages ("pytest_cuda: ...") are the plugin's, passed in where needed.
+    assert [m for m in seam if "pytest_cuda: " in MODULES[m].read_text()] == []

@@ -92,8 +92,16 @@ class SyncModes:
             if no_sync:
                 stack.enter_context(no_implicit_sync(self.config))
             if per_op:
-                stack.enter_context(cuda.sync_after_each_op())
+                stack.enter_context(cuda.sync_after_each_op(note=_per_op_note))
             return (yield)
+
+
+def _per_op_note(op: str) -> str:
+    """What per-op sync adds to the error its synchronize raised right after ``op``."""
+    return (
+        f"pytest_cuda: raised by the synchronize right after {op} (per-op sync): "
+        "this op queued the kernel that failed"
+    )
 
 
 @contextlib.contextmanager

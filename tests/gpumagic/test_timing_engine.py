@@ -294,7 +294,9 @@ class FakeSeam:
         removed = flushes
         return cuda.KernelProfile(self.busy_us, None, (("kernel", 1, self.busy_us),), removed)
 
-    def catch_syncs(self, run: Callable[[], object], code_files: Iterable[str]) -> list[Any]:
+    def catch_syncs(
+        self, run: Callable[[], object], code_files: Iterable[str], *, is_user: Any
+    ) -> list[Any]:
         self.log.append("sync check")
         calls_before = self.calls
         run()
