@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, cast
 
 from gpumagic import cuda
 from gpumagic.cuda_errors import error_hint
+from gpumagic.devices import DeviceSpec, pick_devices
 from gpumagic.timing_plan import Body, TimingOptions, verdict
 from gpumagic.timing_runs import Setup, Timer
 
@@ -64,15 +65,13 @@ def loop(fn: Callable[[], object]) -> Body:
 
 
 def check_device(options: TimingOptions) -> None:
-    """``ValueError`` when ``--device N`` names a GPU this process cannot see."""
+    """``ValueError`` (:class:`~gpumagic.devices.DeviceSpecError`) when ``--device N``
+    names a GPU this process cannot see."""
     status = cuda.status()
     if options.device is None or options.host_only or not status.available:
         return
-    if options.device >= len(status.devices):
-        raise ValueError(
-            f"--device {options.device}: this process sees {len(status.devices)} GPU(s) "
-            f"(cuda:0 to cuda:{len(status.devices) - 1})"
-        )
+    spec = DeviceSpec((options.device,))
+    pick_devices(status.devices, spec, where=f"--device {options.device}")
 
 
 @contextlib.contextmanager
