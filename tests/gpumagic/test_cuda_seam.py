@@ -159,12 +159,12 @@ def test_status_from_the_driver_api_where_nvml_is_missing(monkeypatch: pytest.Mo
         (0, "Orin", 2**34, (8, 7)),
         (1, "Orin B", 2**33, (8, 6)),
     ]
-    lib.boards = []
-    cuda.reset_status_cache()
-    assert cuda.status().reason == "the CUDA driver reports no visible GPU"
     lib.init = 100  # CUDA_ERROR_NO_DEVICE
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert cuda.status().reason == "the CUDA driver reports no GPU (CUDA_VISIBLE_DEVICES='')"
+    lib.init = 35  # CUDA_ERROR_INSUFFICIENT_DRIVER
     cuda.reset_status_cache()
-    assert cuda.status().reason.startswith("no NVIDIA driver was found")
+    assert cuda.status().reason == "the CUDA driver did not start (cuInit error 35)"
 
 
 def test_torch_version_file_matches_torch_without_importing_it() -> None:

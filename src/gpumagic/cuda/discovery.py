@@ -182,13 +182,18 @@ def _status_from_driver(common: dict[str, Any]) -> CudaStatus:
     devices. Without either library there is no NVIDIA driver, which is the answer on
     every GPU-less machine with a CUDA build of torch, and torch is not imported for it.
     """
-    found = _driver_devices()
-    if found is None:
-        return CudaStatus(
-            False, "no NVIDIA driver was found (neither NVML nor libcuda loads)", **common
-        )
+    lib = _cuda_driver()
+    if lib is None:
+        reason = "no NVIDIA driver was found (neither NVML nor libcuda loads)"
+        return CudaStatus(False, reason, **common)
+    code = lib.cuInit(0)  # reads CUDA_VISIBLE_DEVICES once per process, as torch does
+    found = _driver_devices(lib) if code == 0 else []
+    if code not in (0, _CUDA_ERROR_NO_DEVICE):
+        return CudaStatus(False, f"the CUDA driver did not start (cuInit error {code})", **common)
     if not found:
-        return CudaStatus(False, "the CUDA driver reports no visible GPU", **common)
+        env = common["visible_devices_env"]
+        hidden = "" if env is None else f" (CUDA_VISIBLE_DEVICES={env!r})"
+        return CudaStatus(False, f"the CUDA driver reports no GPU{hidden}", **common)
     return CudaStatus(True, "", devices=tuple(found), **common)
 
 
@@ -202,29 +207,25 @@ def _cuda_driver() -> Any:
         return None
 
 
-# cuDeviceGetAttribute's ids of the compute capability (cuda.h).
+# From cuda.h: cuInit's answer without a visible device; cuDeviceGetAttribute's ids
+# of the compute capability.
+_CUDA_ERROR_NO_DEVICE = 100
 _CAPABILITY_MAJOR, _CAPABILITY_MINOR = 75, 76
 
 
-def _driver_devices() -> list[DeviceInfo] | None:
-    """The visible devices as the CUDA driver API lists them (``cuInit`` creates no
-    context); ``None`` without a driver library or when the driver does not start.
-
-    The driver reads ``CUDA_VISIBLE_DEVICES`` once, at ``cuInit``, as torch does.
-    """
-    lib = _cuda_driver()
-    if lib is None or lib.cuInit(0) != 0:
-        return None
+def _driver_devices(lib: Any) -> list[DeviceInfo]:
+    """The visible devices as the CUDA driver API lists them, after ``cuInit`` (which
+    creates no context); names, sizes and capabilities, no NVML identity."""
     count = ctypes.c_int(0)
     if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return None
+        return []
     found = []
     for i in range(count.value):
         handle, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
         name = ctypes.create_string_buffer(256)
         total = ctypes.c_size_t(0)
         if lib.cuDeviceGet(ctypes.byref(handle), i) != 0:
-            return None
+            break
         lib.cuDeviceGetName(name, len(name), handle)
         lib.cuDeviceTotalMem_v2(ctypes.byref(total), handle)
         lib.cuDeviceGetAttribute(ctypes.byref(major), _CAPABILITY_MAJOR, handle)
@@ -261,7 +262,8 @@ def status() -> CudaStatus:
 
 
 def reset_status_cache() -> None:
-    """Forget the cached :func:`status` (tests and ``--cuda-devices`` use it)."""
+    """Forget the cached :func:`status`, for a machine that changed under this process
+    (a test's made-up GPUs); a change of ``CUDA_VISIBLE_DEVICES`` needs no reset."""
     global _STATUS, _STATUS_KEY
     _STATUS, _STATUS_KEY = None, None
 
