@@ -16,6 +16,29 @@ if TYPE_CHECKING:
     from collections.abc import Generator, Iterator
 
 
+_PYTHONPATH = pytest.StashKey[str | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Relative ``PYTHONPATH`` entries (``PYTHONPATH=src``) become absolute for the run.
+
+    pytester's subprocesses run in temporary folders, where ``src`` names nothing: the
+    planted runs would import whatever checkout is installed instead of this one.
+    """
+    value = os.environ.get("PYTHONPATH")
+    config.stash[_PYTHONPATH] = value
+    if value:
+        here = config.invocation_params.dir
+        entries = [str((here / e).resolve()) if e else e for e in value.split(os.pathsep)]
+        os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    value = config.stash.get(_PYTHONPATH, None)
+    if value is not None:
+        os.environ["PYTHONPATH"] = value
+
+
 @pytest.fixture(scope="session")
 def executed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``examples/demo.ipynb`` executed by a real Jupyter kernel (nbclient), once a session."""

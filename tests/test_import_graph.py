@@ -1,11 +1,11 @@
 """The modules of ``src/`` import each other without a cycle.
 
-Every import counts: at module level and inside functions (the lazy ones), and every
-string that names a project module by its dotted name (for ``importlib.import_module``,
-pytest's ``import_plugin`` or a table of lazy names). Imports under ``if
-TYPE_CHECKING:`` are for annotations only and never run, so they are left out. A cycle
-means two modules each need the other to be read: one of them holds something that
-belongs lower down.
+Every import counts: at module level, inside functions (the lazy ones), under ``if
+TYPE_CHECKING:`` (an annotation that names a module's type needs that module to be
+read, by the reader and by mypy), and every string that names a project module by its
+dotted name (for ``importlib.import_module``, pytest's ``import_plugin`` or a table of
+lazy names). A cycle means two modules each need the other to be read: one of them
+holds something that belongs lower down.
 """
 
 from __future__ import annotations
@@ -27,13 +27,6 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for package in PACKAGES for p in (SRC / package).rglob("*.py")}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _resolve(name: str) -> str | None:
     """The project module ``name`` refers to (a module, or a name inside one)."""
     while name:
@@ -44,16 +37,12 @@ def _resolve(name: str) -> str | None:
 
 
 def imports_of(module: str) -> set[str]:
-    """The project modules that ``module`` imports when it runs."""
+    """The project modules that ``module`` imports, for running or for its types."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -118,9 +107,28 @@ def test_the_walk_sees_lazy_and_string_imports() -> None:
     graph = {m: imports_of(m) for m in MODULES}
     assert "pytest_cuda.leak_checker" in graph["pytest_cuda.leak_plugin"]  # in a function
     assert "pytest_cuda.leaks" in graph["pytest_cuda"]  # a name in a string
+    assert "gpumagic.memory_cell" in graph["gpumagic.memory_text"]  # under TYPE_CHECKING
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_import_cycle_in_src() -> None:
     graph = {m: imports_of(m) for m in MODULES}
     assert find_cycles(graph) == []
+
+
+#: What the seam may import from the rest of the project: facts about devices and a
+#: garbage-collector pause, no policy (what counts as the user's code, a tool's text).
+SEAM_MAY_IMPORT = {"gpumagic", "gpumagic.devices", "gpumagic.units", "gpumagic.gc_pause"}
+
+
+def test_the_seam_imports_no_policy() -> None:
+    seam = [m for m in MODULES if m == "gpumagic.cuda" or m.startswith("gpumagic.cuda.")]
+    found = {
+        (m, target)
+        for m in seam
+        for target in imports_of(m)
+        if target not in SEAM_MAY_IMPORT and not target.startswith("gpumagic.cuda")
+    }
+    assert found == set()
+    # The plugin's messages ("pytest_cuda: ...") are the plugin's, passed in where needed.
+    assert [m for m in seam if "pytest_cuda: " in MODULES[m].read_text()] == []

@@ -11,6 +11,7 @@ editable install.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -26,8 +27,11 @@ pytestmark = pytest.mark.xdist_group("packaging")
 
 
 def run(*args: str | Path, cwd: Path = ROOT) -> str:
+    # Without PYTHONPATH: a checkout's src/ on it (PYTHONPATH=src) would stand in for
+    # the installed wheel.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, check=False
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, check=False, env=env
     )
     assert done.returncode == 0, f"{args}\n{done.stdout}\n{done.stderr}"
     return done.stdout

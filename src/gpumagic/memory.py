@@ -33,10 +33,8 @@ __all__ = [
     "PeakReset",
     "ProcessMemory",
     "Released",
-    "check_device_spec",
     "read_devices",
     "read_report",
-    "select_devices",
 ]
 
 CONTEXT_NOTE = "a CUDA context takes about 0.5 GiB per device"
@@ -167,43 +165,6 @@ class MemoryReport:
 # Reading the devices
 
 
-def check_device_spec(spec: str | None) -> None:
-    """:class:`ValueError` when ``--device`` is not written as ``0``, ``cuda:1``,
-    ``0,1`` or ``all`` (checked with or without a GPU)."""
-    if spec is None or spec.strip().lower() in ("", "all"):
-        return
-    for token in spec.split(","):
-        if not token.strip().lower().removeprefix("cuda:").isdigit():
-            raise ValueError(f"--device {spec!r}: use an index such as 0 or cuda:0, 0,1 or all")
-
-
-def select_devices(devices: Sequence[DeviceInfo], spec: str | None) -> tuple[DeviceInfo, ...]:
-    """The devices ``--device`` names (``1``, ``cuda:1``, ``0,1``, ``all``; default all).
-
-    Raises :class:`ValueError` naming the visible devices when ``spec`` names another.
-    """
-    check_device_spec(spec)
-    if spec is None or spec.strip().lower() in ("", "all"):
-        return tuple(devices)
-    visible = ", ".join(f"cuda:{d.index}" for d in devices) or "none"
-    chosen: list[DeviceInfo] = []
-    for token in spec.split(","):
-        text = token.strip().lower().removeprefix("cuda:")
-        if not text.isdigit():
-            raise ValueError(
-                f"--device {spec!r}: use an index such as 0 or cuda:0 (visible: {visible})"
-            )
-        index = int(text)
-        found = next((d for d in devices if d.index == index), None)
-        if found is None:
-            raise ValueError(
-                f"--device {spec!r}: there is no cuda:{index} here (visible: {visible})"
-            )
-        if found not in chosen:
-            chosen.append(found)
-    return tuple(chosen)
-
-
 def _processes(device: DeviceInfo, pid: int) -> tuple[tuple[ProcessMemory, ...] | None, str]:
     try:
         listed = cuda.nvml_processes(device)
@@ -240,8 +201,11 @@ def read_devices(
                 )
         total = device.total_memory or None
         try:
-            total, used, free, driver_reserved = cuda.nvml_memory_info(device)
-            fields.update(device_used=used, device_free=free, driver_reserved=driver_reserved)
+            nvml = cuda.nvml_memory_info(device)
+            total = nvml.total
+            fields.update(
+                device_used=nvml.used, device_free=nvml.free, driver_reserved=nvml.driver_reserved
+            )
         except cuda.CudaUnavailable as exc:
             notes.append(f"{exc}: no device-wide or per-process figures")
             if initialized:

@@ -18,6 +18,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text
 from gpumagic.cell_code import cell_number, file_source, run_cell_body
+from gpumagic.devices import DeviceSpec, DeviceSpecError, parse_device_spec, pick_devices
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 from gpumagic.stacks import FrameFilter
 
@@ -153,10 +154,7 @@ class GpuMemMagics(Magics):
             loss.backward()
         """
         args = parse_argstring(self.gpumem, line)
-        try:
-            memory.check_device_spec(args.device)  # with or without a GPU
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        _device_spec(args.device)  # checked with or without a GPU
         if cell is None:
             return self._line(args)
         return self._cell(args, cell)
@@ -225,9 +223,11 @@ class GpuMemMagics(Magics):
             raise UsageError(f"%gpumem {action} takes {takes}, not {options}")
 
     def _devices(self, status: CudaStatus, spec: str | None) -> tuple[DeviceInfo, ...]:
+        if spec is None:
+            return status.devices
         try:
-            return memory.select_devices(status.devices, spec)
-        except ValueError as exc:
+            return pick_devices(status.devices, _device_spec(spec), where=f"--device {spec!r}")
+        except DeviceSpecError as exc:
             raise UsageError(str(exc)) from None
 
     # -- %%gpumem ----------------------------------------------------------------
@@ -375,6 +375,16 @@ class GpuMemMagics(Magics):
 def _source(filename: str, line: int) -> str:
     text = linecache.getline(filename, line).strip()
     return text if len(text) <= 100 else text[:99] + "…"
+
+
+def _device_spec(spec: str | None) -> DeviceSpec:
+    """``--device`` in the shared grammar: GPUs only, lists and ``all`` allowed."""
+    if spec is None:
+        return DeviceSpec(None)
+    try:
+        return parse_device_spec(spec, where=f"--device {spec!r}", place="%gpumem")
+    except DeviceSpecError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _no_cuda(status: CudaStatus) -> str:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, cast
 
 from gpumagic import cuda
 from gpumagic.cuda_errors import error_hint
+from gpumagic.devices import DeviceSpec, pick_devices
 from gpumagic.timing_plan import Body, TimingOptions, verdict
 from gpumagic.timing_runs import Setup, Timer
 
@@ -48,8 +49,8 @@ __all__ = [
     "check_device",
     "device_scope",
     "loop",
-    "settle",
     "time_cuda",
+    "wait_for_setup",
 ]
 
 
@@ -64,15 +65,13 @@ def loop(fn: Callable[[], object]) -> Body:
 
 
 def check_device(options: TimingOptions) -> None:
-    """``ValueError`` when ``--device N`` names a GPU this process cannot see."""
+    """``ValueError`` (:class:`~gpumagic.devices.DeviceSpecError`) when ``--device N``
+    names a GPU this process cannot see."""
     status = cuda.status()
     if options.device is None or options.host_only or not status.available:
         return
-    if options.device >= len(status.devices):
-        raise ValueError(
-            f"--device {options.device}: this process sees {len(status.devices)} GPU(s) "
-            f"(cuda:0 to cuda:{len(status.devices) - 1})"
-        )
+    spec = DeviceSpec((options.device,))
+    pick_devices(status.devices, spec, where=f"--device {options.device}")
 
 
 @contextlib.contextmanager
@@ -87,7 +86,7 @@ def device_scope(options: TimingOptions) -> Iterator[None]:
         yield
 
 
-def settle() -> None:
+def wait_for_setup() -> None:
     """Wait for the GPU work queued so far (after the setup), creating no context."""
     if cuda.is_initialized():
         cuda.synchronize(cuda.devices_with_context())

@@ -27,12 +27,13 @@ from IPython.core.magic import (
 )
 
 from gpumagic.cell_code import compile_source, file_source, parse_source, show_from
+from gpumagic.devices import DeviceSpecError, parse_device_spec
 from gpumagic.timing import (
     TimingOptions,
     check_device,
     device_scope,
-    settle,
     time_cuda,
+    wait_for_setup,
 )
 from gpumagic.timing_counts import SETUP_NOTE
 from gpumagic.units import parse_amount
@@ -228,7 +229,7 @@ class CudaTimeMagics(Magics):
             with device_scope(options):
                 if setup.strip():
                     exec(self._code(setup, filename, 0), shell.user_ns)
-                settle()
+                wait_for_setup()
         except Exception as exc:
             show_from(exc, filename, shell)
             raise
@@ -352,16 +353,15 @@ def _token(line: str, start: int) -> tuple[str, int]:
 def _options(args: argparse.Namespace) -> TimingOptions:
     device, host_only = None, False
     if args.device is not None:
-        text = args.device.strip().lower()
-        if text == "cpu":
-            host_only = True
-        else:
-            index = text.removeprefix("cuda:")
-            if not index.isdigit():
-                raise UsageError(
-                    f"%cudatime: --device {args.device!r}: use an index (0), cuda:N or cpu"
-                )
-            device = int(index)
+        try:
+            where = f"%cudatime: --device {args.device!r}"
+            spec = parse_device_spec(
+                args.device, where=where, place="%cudatime", many=False, cpu=True
+            )
+        except DeviceSpecError as exc:
+            raise UsageError(str(exc)) from None
+        host_only = spec.cpu
+        device = None if spec.indices is None else spec.indices[0]
     if args.variable is not None and not args.variable.isidentifier():
         raise UsageError(f"%cudatime: -v {args.variable!r} is not a variable name")
     try:

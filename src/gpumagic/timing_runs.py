@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumagic import cuda
 from gpumagic.gc_pause import paused_gc
+from gpumagic.stacks import FrameFilter
 from gpumagic.timing_counts import count_work, set_peaks
 from gpumagic.timing_plan import (
     MIN_RUNS,
@@ -508,7 +509,11 @@ class Timer:
         per_loop = max(result.host_time, 1e-9)
         count = max(1, min(loops, SYNC_CHECK_LOOPS, int(SYNC_CHECK_TARGET / per_loop)))
         try:
-            events = cuda.catch_syncs(lambda: self.call(count), self.setup.code_files)
+            events = cuda.catch_syncs(
+                lambda: self.call(count),
+                self.setup.code_files,
+                is_user=FrameFilter.default().is_user,
+            )
         finally:
             cuda.synchronize(self.devices)
         sites: dict[tuple[str, str, int], int] = {}

@@ -101,7 +101,6 @@ class Continuation:
         self.planned: set[str] | None = None
         self.ran = 0
         self.children = 0
-        self.relayed = 0
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> bool:
@@ -110,7 +109,6 @@ class Continuation:
                 self._start(item)
             outcome = self._relay(item)
             if outcome == "done":
-                self.relayed += 1
                 return True
             if outcome == "not-planned":
                 self._fail(

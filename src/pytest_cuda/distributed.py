@@ -114,7 +114,6 @@ class RankOutcome:
     stack: str = ""
     stdout: str = ""
     stderr: str = ""
-    exit_code: int | None = None
     warnings: list[tuple[str, str, str, int]] = field(default_factory=list)
     finished_at: float = 0.0
     #: Its test body had ended, and it was still waiting for the others when stopped.

@@ -512,7 +512,7 @@ def _free_memory(device: DeviceInfo) -> int | None:
     from gpumagic import cuda
 
     try:
-        return cuda.nvml_device_memory(device)[1]
+        return cuda.nvml_memory_info(device).free
     except cuda.CudaUnavailable:
         return None
 

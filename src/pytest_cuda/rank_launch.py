@@ -252,7 +252,6 @@ def _outcome(
             where=record.get("where", ""),
             stdout=out,
             stderr=err,
-            exit_code=proc.returncode,
             warnings=[tuple(w) for w in record.get("warnings", [])],
             waiting=waiting,
             stack=stack if waiting else "",
@@ -279,7 +278,6 @@ def _outcome(
         message=how,
         stdout=out,
         stderr=err,
-        exit_code=code,
         finished_at=ended - start,
     )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpumagic.devices import parse_visible_devices
+from gpumagic.devices import DeviceSpecError, parse_device_spec, parse_visible_devices
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,8 +32,6 @@ __all__ = [
     "select_devices",
     "visible_devices_value",
 ]
-
-ALL = "all"
 
 
 class SelectionError(ValueError):
@@ -55,30 +53,15 @@ class DeviceRequest:
 def parse_device_request(text: str, source: str) -> DeviceRequest:
     """``"0,1"`` → indices ``(0, 1)``; ``"all"`` → every visible device.
 
-    Raises :class:`SelectionError` for an empty list, an entry that is not a
-    non-negative integer, and a repeated index.
+    The grammar is :func:`gpumagic.devices.parse_device_spec`'s, without ``cpu``.
+    Raises :class:`SelectionError` for an empty list, an entry that is not an index
+    (``N`` or ``cuda:N``), a repeated index and ``cpu``.
     """
-    value = text.strip()
-    if value.lower() == ALL:
-        return DeviceRequest(None, source)
-    if not value:
-        raise SelectionError(
-            f"{source}: no device given; use indices into the visible devices "
-            "such as 0 or 0,1, or 'all'"
-        )
-    indices: list[int] = []
-    for raw in value.split(","):
-        token = raw.strip()
-        if not token.isdigit():
-            raise SelectionError(
-                f"{source}: {token!r} is not a device index; use indices into the "
-                "visible devices such as 0 or 0,1, or 'all'"
-            )
-        index = int(token)
-        if index in indices:
-            raise SelectionError(f"{source}: cuda:{index} is listed twice")
-        indices.append(index)
-    return DeviceRequest(tuple(indices), source)
+    try:
+        spec = parse_device_spec(text, where=source, place="--cuda-devices")
+    except DeviceSpecError as exc:
+        raise SelectionError(str(exc)) from None
+    return DeviceRequest(spec.indices, source)
 
 
 def device_names(devices: Sequence[DeviceInfo]) -> str:

@@ -55,9 +55,7 @@ from pytest_cuda.repro import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Iterator
-
-    from pytest_cuda.sync_plugin import PoisonGuard
+    from collections.abc import Callable, Generator, Iterator
 
 __all__ = ["PhaseChecks", "SyncModes", "XdistCulprits", "no_implicit_sync"]
 
@@ -94,8 +92,16 @@ class SyncModes:
             if no_sync:
                 stack.enter_context(no_implicit_sync(self.config))
             if per_op:
-                stack.enter_context(cuda.sync_after_each_op())
+                stack.enter_context(cuda.sync_after_each_op(note=_per_op_note))
             return (yield)
+
+
+def _per_op_note(op: str) -> str:
+    """What per-op sync adds to the error its synchronize raised right after ``op``."""
+    return (
+        f"pytest_cuda: raised by the synchronize right after {op} (per-op sync): "
+        "this op queued the kernel that failed"
+    )
 
 
 @contextlib.contextmanager
@@ -141,15 +147,24 @@ def _is_interrupt(error: BaseException) -> bool:
 class PhaseChecks:
     """After each test phase that ran with a CUDA context: is the context still usable?
 
-    Registered by :meth:`pytest_cuda.sync_plugin.PoisonGuard.start_checking`; the check
-    itself is the guard's (:attr:`~pytest_cuda.sync_plugin.PoisonGuard.check`, one
-    device synchronize that returns at once where torch has not initialised CUDA).
+    Registered by :meth:`pytest_cuda.sync_plugin.PoisonGuard.start_checking`, which
+    passes what these hooks use: ``check`` (the guard's health check, one device
+    synchronize that returns at once where torch has not initialised CUDA), the
+    ``--cuda-on-poison`` ``action`` and ``--cuda-rerun-blocking``.
     """
 
-    def __init__(self, guard: PoisonGuard) -> None:
-        self.guard = guard
-        self.config = guard.config
-        self.options = guard.options
+    def __init__(
+        self,
+        config: pytest.Config,
+        check: Callable[[], cuda.AsyncCudaError | None],
+        *,
+        action: Action,
+        rerun_blocking: bool,
+    ) -> None:
+        self.config = config
+        self.check = check
+        self.action = action
+        self.rerun_blocking = rerun_blocking
         self.culprit: Culprit | None = None
         self.workdirs = Workdirs()
         self.continuation: Continuation | None = None
@@ -208,7 +223,7 @@ class PhaseChecks:
         """Check the context after a phase; fail the phase if only the check saw an error."""
         if self.culprit is not None:
             return  # the context is known to be unusable; nothing more to learn here
-        error = self.guard.check()
+        error = self.check()
         if error is None:
             return
         item.stash.setdefault(_ASYNC, {})[when] = Surfaced(error, failed_phase=raised is None)
@@ -222,12 +237,12 @@ class PhaseChecks:
             summary = self.config.pluginmanager.get_plugin(SUMMARY_NAME)
             if isinstance(summary, PoisonSummary):
                 summary.listen(self.config.pluginmanager)
-            if self.options.action in ("stop", "stop-child"):
+            if self.action in ("stop", "stop-child"):
                 item.session.shouldstop = (
                     f"pytest_cuda: {item.nodeid} left a sticky CUDA error ({info.text}); "
                     + (
                         "stopping (--cuda-on-poison=stop)"
-                        if self.options.action == "stop"
+                        if self.action == "stop"
                         else "this continuation process stops here"
                     )
                 )
@@ -235,7 +250,7 @@ class PhaseChecks:
             part = "body" if when == "call" else when
             hint = (
                 "the re-run below shows the line that queued it"
-                if self.options.rerun_blocking
+                if self.rerun_blocking
                 else "--cuda-rerun-blocking or --cuda-sync=per-op show the line that queued it"
             )
             pytest.fail(
@@ -259,7 +274,7 @@ class PhaseChecks:
             assert culprit is not None
             report.cuda_poison = {  # type: ignore[attr-defined]
                 "error": culprit.error.describe(),
-                "action": self.options.action,
+                "action": self.action,
             }
         excinfo = call.excinfo
         if not report.failed or excinfo is None:
@@ -284,8 +299,8 @@ class PhaseChecks:
         lines = []
         if poisoned_here:
             assert culprit is not None
-            lines.append(_poison_text(culprit, self.options.action))
-        if info is not None and self.options.rerun_blocking:
+            lines.append(_poison_text(culprit, self.action))
+        if info is not None and self.rerun_blocking:
             lines.append(self._rerun_blocking(item))
         if info is not None:
             lines.append(f"reproduce: {self._repro(item)}")
@@ -340,7 +355,7 @@ class PhaseChecks:
         if culprit is None or culprit.nodeid != nodeid or self._contained:
             return
         self._contained = True
-        action = self.options.action
+        action = self.action
         if action == "replace-worker":
             # xdist replaces a worker that dies and re-sends its pending tests to the
             # others; dying before "test complete" makes xdist name this test as the one

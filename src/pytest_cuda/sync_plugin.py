@@ -309,13 +309,22 @@ class PoisonGuard:
         self._check = check
         self.start_checking()  # a swapped check is called whether torch is imported or not
 
+    def run_check(self) -> cuda.AsyncCudaError | None:
+        """Run the health check as it is now (a test may swap it after checks start)."""
+        return self.check()
+
     def start_checking(self) -> None:
         """Check after every test phase from now on."""
         self.unwatch_imports()
         if self.checks is None:
             from pytest_cuda.sync_checks import PhaseChecks
 
-            self.checks = PhaseChecks(self)
+            self.checks = PhaseChecks(
+                self.config,
+                self.run_check,
+                action=self.options.action,
+                rerun_blocking=self.options.rerun_blocking,
+            )
             self.config.pluginmanager.register(self.checks, CHECKS_NAME)
 
     def watch_imports(self) -> None:

@@ -196,13 +196,14 @@ class FakeGpu:
             procs.append((os.getpid(), own))
         return sorted(procs)
 
-    def nvml_memory_info(self, device: DeviceInfo) -> tuple[int, int, int, int | None]:
+    def nvml_memory_info(self, device: DeviceInfo) -> cuda.NvmlMemory:
         if not self.nvml:
             raise cuda.CudaUnavailable("NVML is not available (no NVIDIA driver library)")
         used = sum(u or 0 for _, u in self.others.get(device.index, []))
         used += (self._own(device.index) or 0) + self.unlisted
         total = device.total_memory
-        return total, used, total - used - self.driver_reserved, self.driver_reserved
+        free = total - used - self.driver_reserved
+        return cuda.NvmlMemory(total, used, free, self.driver_reserved)
 
     # -- allocation stacks -------------------------------------------------------------
 

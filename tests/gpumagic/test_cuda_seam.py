@@ -79,9 +79,9 @@ def test_status_says_when_visible_devices_hides_everything(monkeypatch: pytest.M
 
 @pytest.mark.usefixtures("two_boards")
 def test_status_cache_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert cuda.device_count() == 2
+    assert len(cuda.devices()) == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert cuda.device_count() == 1
+    assert len(cuda.devices()) == 1
 
 
 def test_status_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,6 +96,75 @@ def test_status_of_a_cpu_only_build(monkeypatch: pytest.MonkeyPatch) -> None:
     status = cuda.status()
     assert not status.available
     assert status.reason == "torch 2.13.0+cpu was built without CUDA (a CPU-only build)"
+
+
+class FakeLibcuda:
+    """libcuda's driver API as ctypes calls it: results through ``byref`` (logic tests)."""
+
+    def __init__(self, boards: list[tuple[str, int, tuple[int, int]]], init: int = 0) -> None:
+        self.boards = boards
+        self.init = init
+
+    def cuInit(self, flags: int) -> int:
+        return self.init
+
+    def cuDeviceGetCount(self, count: Any) -> int:
+        count._obj.value = len(self.boards)
+        return 0
+
+    def cuDeviceGet(self, handle: Any, ordinal: int) -> int:
+        handle._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetName(self, buffer: Any, size: int, handle: Any) -> int:
+        buffer.value = self.boards[handle.value][0].encode()
+        return 0
+
+    def cuDeviceTotalMem_v2(self, total: Any, handle: Any) -> int:
+        total._obj.value = self.boards[handle.value][1]
+        return 0
+
+    def cuDeviceGetAttribute(self, value: Any, attribute: int, handle: Any) -> int:
+        value._obj.value = self.boards[handle.value][2][attribute - 75]
+        return 0
+
+
+@pytest.fixture
+def cuda_build_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA build of torch whose import would fail the test, and no NVML library."""
+    monkeypatch.setattr(discovery, "_nvml", lambda: None)
+    monkeypatch.setattr(discovery, "_torch_version_file", lambda: {"torch": "2.11", "cuda": "13.0"})
+
+    def no_torch() -> Any:
+        raise AssertionError("discovery imported torch")
+
+    monkeypatch.setattr(discovery, "torch_module", no_torch)
+
+
+@pytest.mark.usefixtures("cuda_build_without_nvml")
+def test_status_without_any_driver_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(discovery, "_cuda_driver", lambda: None)
+    status = cuda.status()
+    assert not status.available
+    assert status.reason == "no NVIDIA driver was found (neither NVML nor libcuda loads)"
+
+
+@pytest.mark.usefixtures("cuda_build_without_nvml")
+def test_status_from_the_driver_api_where_nvml_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = FakeLibcuda([("Orin", 2**34, (8, 7)), ("Orin B", 2**33, (8, 6))])
+    monkeypatch.setattr(discovery, "_cuda_driver", lambda: lib)
+    status = cuda.status()
+    assert status.available
+    assert [(d.index, d.name, d.total_memory, d.capability) for d in status.devices] == [
+        (0, "Orin", 2**34, (8, 7)),
+        (1, "Orin B", 2**33, (8, 6)),
+    ]
+    lib.init = 100  # CUDA_ERROR_NO_DEVICE
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert cuda.status().reason == "the CUDA driver reports no GPU (CUDA_VISIBLE_DEVICES='')"
+    lib.init = 35  # CUDA_ERROR_INSUFFICIENT_DRIVER
+    cuda.reset_status_cache()
+    assert cuda.status().reason == "the CUDA driver did not start (cuInit error 35)"
 
 
 def test_torch_version_file_matches_torch_without_importing_it() -> None:
@@ -146,12 +215,12 @@ DISCOVERY_LEAVES_NO_CONTEXT = textwrap.dedent(
     before = torch.cuda.is_initialized()
     pids = {}
     for d in status.devices:
-        pids.update(cuda.nvml_process_memory(d))
+        pids.update(cuda.nvml_processes(d))
     print(json.dumps({
         "initialized": before,
         "our_pid_on_gpu": os.getpid() in pids,
         "torch_count": torch.cuda.device_count(),
-        "count": cuda.device_count(),
+        "count": len(cuda.devices()),
     }))
     """
 )
@@ -226,6 +295,20 @@ def test_nvml_sees_this_process_once_cuda_is_in_use() -> None:
     import torch
 
     torch.ones(1, device="cuda:0")
-    used, free, total = cuda.nvml_device_memory(cuda.devices()[0])
-    assert used + free <= total
-    assert cuda.nvml_process_memory(cuda.devices()[0]).get(os.getpid(), 0) > 0
+    memory = cuda.nvml_memory_info(cuda.devices()[0])
+    assert memory.used + memory.free <= memory.total
+    assert (dict(cuda.nvml_processes(cuda.devices()[0])).get(os.getpid()) or 0) > 0
+
+
+@pytest.mark.cuda
+def test_the_driver_api_lists_what_nvml_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where NVML is missing (Jetson), the driver API gives the same devices."""
+    by_nvml = cuda.devices()
+    monkeypatch.setattr(discovery, "_nvml", lambda: None)
+    cuda.reset_status_cache()
+    by_driver = cuda.devices()
+    assert [(d.index, d.name, d.capability) for d in by_driver] == [
+        (d.index, d.name, d.capability) for d in by_nvml
+    ]
+    for driver, nvml in zip(by_driver, by_nvml, strict=True):
+        assert driver.total_memory == pytest.approx(nvml.total_memory, rel=0.02)

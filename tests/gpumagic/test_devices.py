@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 
-from gpumagic.devices import CudaStatus, DeviceInfo, parse_visible_devices, select_visible
+from gpumagic.devices import (
+    CudaStatus,
+    DeviceInfo,
+    DeviceSpec,
+    DeviceSpecError,
+    parse_device_spec,
+    parse_visible_devices,
+    pick_devices,
+    select_visible,
+)
 from gpumagic.units import format_bytes, parse_capability, parse_size
 
 BOARDS = [
@@ -106,3 +117,66 @@ def test_status_summary_says_why_when_unavailable() -> None:
 
 def test_device_describe() -> None:
     assert BOARDS[0].describe() == "0 GPU0 (80.0 GiB, sm_90)"
+
+
+# ---------------------------------------------------------------------------
+# The device-spec grammar shared by %cudatime, %gpumem and --cuda-devices
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0", DeviceSpec((0,))),
+        ("cuda:1", DeviceSpec((1,))),
+        (" CUDA:1 , 0 ", DeviceSpec((1, 0))),
+        ("all", DeviceSpec(None)),
+        ("ALL", DeviceSpec(None)),
+        ("cpu", DeviceSpec(None, cpu=True)),
+    ],
+)
+def test_device_spec_grammar(text: str, expected: DeviceSpec) -> None:
+    assert parse_device_spec(text, where="--x", place="x", cpu=True) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "--x: no device given; use indices into the visible devices such as 0 or "
+         "cuda:0, a list such as 0,1 or 'all'"),
+        ("gpu0", "--x: 'gpu0' is not a device index; use indices *"),
+        ("0,,1", "--x: '' is not a device index; *"),
+        ("-1", "--x: '-1' is not a device index; *"),
+        ("cuda", "--x: 'cuda' is not a device index; *"),
+        ("0,cuda:0", "--x: cuda:0 is listed twice"),
+        ("cpu", "--x: %gpumem takes CUDA devices only, not cpu; use indices *"),
+    ],
+)  # fmt: skip
+def test_device_spec_errors(text: str, message: str) -> None:
+    with pytest.raises(DeviceSpecError) as raised:
+        parse_device_spec(text, where="--x", place="%gpumem")
+    assert fnmatch.fnmatchcase(str(raised.value), message), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0,1", "--x: %cudatime takes one device, not a list; use one index into the visible "
+         "devices such as 0 or cuda:0 or cpu"),
+        ("all", "--x: %cudatime takes one device, not all; *"),
+        ("1,1", "--x: cuda:1 is listed twice"),
+    ],
+)  # fmt: skip
+def test_a_place_for_one_device_says_so(text: str, message: str) -> None:
+    with pytest.raises(DeviceSpecError) as raised:
+        parse_device_spec(text, where="--x", place="%cudatime", many=False, cpu=True)
+    assert fnmatch.fnmatchcase(str(raised.value), message), str(raised.value)
+
+
+def test_pick_devices_in_the_order_given() -> None:
+    visible = BOARDS[:2]
+    assert pick_devices(visible, DeviceSpec((1, 0)), where="--x") == (visible[1], visible[0])
+    assert pick_devices(visible, DeviceSpec(None), where="--x") == tuple(visible)
+    with pytest.raises(DeviceSpecError, match=r"--x: there is no cuda:2, cuda:5 here \(visible: "):
+        pick_devices(visible, DeviceSpec((2, 0, 5)), where="--x")
+    with pytest.raises(DeviceSpecError, match=r"\(visible: none\)"):
+        pick_devices((), DeviceSpec((0,)), where="--x")

@@ -427,25 +427,6 @@ DEVICES = (
 )
 
 
-@pytest.mark.parametrize(
-    ("spec", "expected"), [(None, [0, 1]), ("all", [0, 1]), ("1", [1]), ("cuda:1, 0", [1, 0])]
-)
-def test_select_devices(spec: str | None, expected: list[int]) -> None:
-    assert [d.index for d in memory.select_devices(DEVICES, spec)] == expected
-
-
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ("2", "there is no cuda:2 here (visible: cuda:0, cuda:1)"),
-        ("gpu0", "use an index such as 0 or cuda:0"),
-    ],
-)
-def test_select_devices_names_the_visible_ones(spec: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        memory.select_devices(DEVICES, spec)
-
-
 def test_the_ladder_adds_up_to_what_nvidia_smi_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu(monkeypatch)
     gpu.alloc(GiB)

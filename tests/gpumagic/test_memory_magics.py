@@ -87,8 +87,15 @@ def test_without_cuda_watch_has_nothing_to_watch(
         ("sideways", "invalid choice: 'sideways'"),
         ("watch --top 3", "%gpumem watch takes --device and --keep-peak, not --top"),
         ("off -o", "%gpumem off takes no option, not -o"),
-        ("--device abc", "--device 'abc': use an index such as 0 or cuda:0, 0,1 or all"),
-        ("watch --device 0,x", "--device '0,x': use an index such as 0 or cuda:0"),
+        (
+            "--device abc",
+            "--device 'abc': 'abc' is not a device index; use indices into the "
+            "visible devices such as 0 or cuda:0, a list such as 0,1 or 'all'",
+        ),
+        ("watch --device 0,x", "--device '0,x': 'x' is not a device index"),
+        ("--device 0,0", "--device '0,0': cuda:0 is listed twice"),
+        ("watch --device cuda:1,1", "--device 'cuda:1,1': cuda:1 is listed twice"),
+        ("--device cpu", "--device 'cpu': %gpumem takes CUDA devices only, not cpu"),
     ],
 )
 def test_bad_line_options_are_usage_errors(
@@ -104,7 +111,8 @@ def test_bad_line_options_are_usage_errors(
         ("watch", "'watch' is for the line magic: %gpumem watch"),
         ("--top 3 --gc", "--top, --gc are options of the line magic %gpumem"),
         ("--empty-cache", "--empty-cache is an option of the line magic %gpumem"),
-        ("--device gpu1", "--device 'gpu1': use an index such as 0 or cuda:0"),
+        ("--device gpu1", "--device 'gpu1': 'gpu1' is not a device index"),
+        ("--device 0,0", "--device '0,0': cuda:0 is listed twice"),
     ],
 )
 def test_bad_cell_options_are_usage_errors_and_the_cell_does_not_run(

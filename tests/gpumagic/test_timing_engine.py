@@ -294,7 +294,9 @@ class FakeSeam:
         removed = flushes
         return cuda.KernelProfile(self.busy_us, None, (("kernel", 1, self.busy_us),), removed)
 
-    def catch_syncs(self, run: Callable[[], object], code_files: Iterable[str]) -> list[Any]:
+    def catch_syncs(
+        self, run: Callable[[], object], code_files: Iterable[str], *, is_user: Any
+    ) -> list[Any]:
         self.log.append("sync check")
         calls_before = self.calls
         run()
@@ -490,7 +492,9 @@ def test_sync_check_counts_per_loop_and_names_the_line(seam: FakeSeam) -> None:
 def test_device_option_makes_the_device_current(seam: FakeSeam) -> None:
     time_cuda(counting(seam, 10e-6), TimingOptions(budget=0.05, device=0))
     assert "device 0" in seam.log
-    with pytest.raises(ValueError, match="sees 1 GPU"):
+    with pytest.raises(
+        ValueError, match=r"--device 3: there is no cuda:3 here \(visible: cuda:0\)"
+    ):
         timing.check_device(TimingOptions(device=3))
 
 

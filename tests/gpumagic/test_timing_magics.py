@@ -136,7 +136,13 @@ def test_flops_and_bytes_are_parsed(shell: InteractiveShell) -> None:
         ("%cudatime --flops=-2*3 x", "'-2*3' is not a positive count"),
         ("%cudatime -t x", "-t picks %timeit's host clock"),
         ("%cudatime -c x", "-c picks %timeit's host clock"),
-        ("%cudatime --device gpu0 x", "--device 'gpu0': use an index (0), cuda:N or cpu"),
+        (
+            "%cudatime --device gpu0 x",
+            "--device 'gpu0': 'gpu0' is not a device index; use one "
+            "index into the visible devices such as 0 or cuda:0 or cpu",
+        ),
+        ("%cudatime --device 0,1 x", "--device '0,1': %cudatime takes one device, not a list"),
+        ("%cudatime --device all x", "--device 'all': %cudatime takes one device, not all"),
         ("%cudatime -v 1abc x", "-v '1abc' is not a variable name"),
         ("%cudatime", "nothing to time; give it a statement after the options"),
         ("%cudatime -n 5   ", "nothing to time"),

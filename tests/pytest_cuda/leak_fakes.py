@@ -180,7 +180,6 @@ class FakeAllocator:
             reserved=self.allocated[device],
             peak_allocated=self.peak[device],
             peak_reserved=self.peak[device],
-            active=self.allocated[device],
             allocations=self.count[device],
         )
 

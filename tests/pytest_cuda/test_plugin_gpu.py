@@ -36,7 +36,7 @@ from gpumagic import cuda
 
 def pytest_sessionfinish(session):
     print("\\nTORCH IMPORTED:", "torch" in sys.modules)
-    listed = any(os.getpid() in cuda.nvml_process_memory(d) for d in cuda.devices())
+    listed = any(os.getpid() in dict(cuda.nvml_processes(d)) for d in cuda.devices())
     print("NVML LISTS THIS PROCESS:", listed)
     import torch
 

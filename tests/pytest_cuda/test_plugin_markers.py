@@ -280,11 +280,11 @@ def test_free_memory_unknown_without_nvml_skips_with_the_reason(
         device = DeviceInfo(0, "unknown (NVML unavailable)", 0, (0, 0))
         status = CudaStatus(True, "", "2.11.0+cu130", "13.0", devices=(device,))
         cuda.status = lambda: status
-        cuda.nvml_device_memory = lambda d: (_ for _ in ()).throw(cuda.CudaUnavailable("x"))
+        cuda.nvml_memory_info = lambda d: (_ for _ in ()).throw(cuda.CudaUnavailable("x"))
         """
     )
     monkeypatch.setattr(cuda, "status", cuda.status)
-    monkeypatch.setattr(cuda, "nvml_device_memory", cuda.nvml_device_memory)
+    monkeypatch.setattr(cuda, "nvml_memory_info", cuda.nvml_memory_info)
     pytester.makepyfile(
         """
         import pytest

@@ -39,13 +39,15 @@ def test_options_are_in_help(pytester: pytest.Pytester) -> None:
     ("value", "message"),
     [
         ("0,x", "--cuda-devices=0,x: 'x' is not a device index; use indices into the "
-         "visible devices such as 0 or 0,1, or 'all'"),
+         "visible devices such as 0 or cuda:0, a list such as 0,1 or 'all'"),
         ("-1", "--cuda-devices=-1: '-1' is not a device index;*"),
         ("0,,1", "--cuda-devices=0,,1: '' is not a device index;*"),
         ("1.0", "--cuda-devices=1.0: '1.0' is not a device index;*"),
         ("0,1,0", "--cuda-devices=0,1,0: cuda:0 is listed twice"),
         ("", "--cuda-devices=: no device given; use indices into the visible devices "
-         "such as 0 or 0,1, or 'all'"),
+         "such as 0 or cuda:0, a list such as 0,1 or 'all'"),
+        ("cpu", "--cuda-devices=cpu: --cuda-devices takes CUDA devices only, not cpu;*"),
+        ("cuda:1,1", "--cuda-devices=cuda:1,1: cuda:1 is listed twice"),
         ("0,3", "--cuda-devices=0,3: cuda:3 requested, this machine shows 2 devices: "
          "0 NVIDIA H200, 1 NVIDIA H200"),
         ("3,2", "--cuda-devices=3,2: cuda:3, cuda:2 requested, this machine shows 2 devices: "
@@ -119,7 +121,7 @@ def test_selection_picks_and_orders_the_devices(
 ) -> None:
     fake_gpus(h200s(3))
     pytester.makepyfile(WHICH_DEVICE)
-    result = pytester.runpytest("--cuda-devices=2,0", "-v")
+    result = pytester.runpytest("--cuda-devices=2,cuda:0", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_device?cuda:2? PASSED*", "*test_device?cuda:0? PASSED*"])
 

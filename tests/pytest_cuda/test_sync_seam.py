@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -83,8 +82,3 @@ def test_implicit_sync_error_names_the_op() -> None:
     assert isinstance(error, RuntimeError)
     assert error.op == "aten.nonzero.default"
     assert cuda.SYNC_WARNING_MESSAGE in str(error)
-
-
-def test_torch_package_dir() -> None:
-    found = cuda.torch_package_dir()
-    assert found == Path(torch.__file__).parent

@@ -5,7 +5,7 @@ Everything else in gpumagic and pytest_cuda goes through these functions (as
 touched and tests can swap it in one place:
 
 * :mod:`~gpumagic.cuda.discovery`: status, devices, NVML and ``CUDA_VISIBLE_DEVICES``;
-  never a context;
+  never a context, never torch;
 * :mod:`~gpumagic.cuda.runtime`: synchronize, events, streams, spin, L2 flush, graphs,
   device properties;
 * :mod:`~gpumagic.cuda.allocator`: the caching allocator's counters, history, snapshots
@@ -21,8 +21,12 @@ Rules kept here:
 
 * Nothing is imported at module import: torch on first CUDA use, pynvml on first
   discovery.
-* Discovery never creates a CUDA context: it asks NVML, maps the boards through
-  ``CUDA_VISIBLE_DEVICES`` and reads torch's version file instead of importing torch.
+* Discovery never creates a CUDA context nor imports torch: it asks NVML (the CUDA
+  driver API where NVML is missing), maps the boards through ``CUDA_VISIBLE_DEVICES``
+  and reads torch's version file instead of importing torch.
+* One function per question (one NVML memory reader, one process reader, one device
+  count), and no policy: what counts as the user's code, or a tool's wording, is
+  passed in by the caller.
 * Without CUDA (torch missing, a CPU-only build, no driver, every device hidden) the
   functions answer with a reason (:class:`CudaUnavailable`) instead of raising deep
   inside torch.
@@ -66,18 +70,15 @@ from gpumagic.cuda.debug import (
 )
 from gpumagic.cuda.discovery import (
     CudaUnavailable,
-    device_count,
+    NvmlMemory,
     devices,
     is_initialized,
-    nvml_device_memory,
     nvml_memory_info,
-    nvml_process_memory,
     nvml_processes,
     require,
     reset_status_cache,
     status,
     torch_module,
-    torch_package_dir,
     visible_devices,
 )
 from gpumagic.cuda.op_counts import OpCounts, count_ops
@@ -119,6 +120,7 @@ __all__ = [
     "GraphCaptureError",
     "ImplicitSyncError",
     "KernelProfile",
+    "NvmlMemory",
     "OpCounts",
     "SyncEvent",
     "TensorFacts",
@@ -132,7 +134,6 @@ __all__ = [
     "count_ops",
     "current_device",
     "current_streams",
-    "device_count",
     "device_peaks",
     "device_total_memory",
     "devices",
@@ -151,9 +152,7 @@ __all__ = [
     "mark_rank_done",
     "memory_history_enabled",
     "memory_snapshot",
-    "nvml_device_memory",
     "nvml_memory_info",
-    "nvml_process_memory",
     "nvml_processes",
     "on_cuda_init",
     "profile_kernels",
@@ -176,7 +175,6 @@ __all__ = [
     "synchronize",
     "tensor_facts",
     "torch_module",
-    "torch_package_dir",
     "use_device",
     "visible_device_total",
     "visible_devices",

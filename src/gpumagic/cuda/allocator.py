@@ -47,7 +47,6 @@ class AllocatorStats:
     reserved: int = 0
     peak_allocated: int = 0
     peak_reserved: int = 0
-    active: int = 0
     requested: int = 0
     allocations: int = 0
 
@@ -70,7 +69,6 @@ def allocator_stats(device: int = 0) -> AllocatorStats:
         reserved=get("reserved_bytes"),
         peak_allocated=get("allocated_bytes", "peak"),
         peak_reserved=get("reserved_bytes", "peak"),
-        active=get("active_bytes"),
         requested=get("requested_bytes"),
         allocations=get("allocation", "allocated"),
     )

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.cuda.discovery import is_initialized, require, torch_module
 from gpumagic.cuda.runtime import FLUSH_LABEL, devices_with_context, synchronize
-from gpumagic.stacks import FrameFilter
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +32,8 @@ __all__ = [
 
 
 #: The text torch warns with, in ``set_sync_debug_mode("warn")``, when an operation
-#: makes the host wait for the GPU (``.item()``, ``.cpu()``, ``nonzero()``...).
+#: makes the host wait for the GPU (``.item()``, ``.cpu()``, ``nonzero()``...), and
+#: raises with under ``"error"``.
 SYNC_WARNING_MESSAGE = "called a synchronizing CUDA operation"
 
 
@@ -163,9 +163,6 @@ class SyncEvent:
     lineno: int
 
 
-_SYNC_TEXT = "called a synchronizing CUDA operation"  # torch's warning under "warn"
-
-
 _DUNDER_OPS = {
     "__bool__": "bool(tensor)",
     "__int__": "int(tensor)",
@@ -192,18 +189,18 @@ def _op_name(func: Any) -> str:
 
 @functools.cache
 def _sync_mode_class() -> type:
-    torch = torch_module()
-    is_user = FrameFilter.default().is_user
-
-    base: Any = torch.overrides.TorchFunctionMode
+    base: Any = torch_module().overrides.TorchFunctionMode
 
     class SyncSites(base):  # type: ignore[misc]
         """Attributes each sync warning to the torch call that raised it and its caller."""
 
-        def __init__(self, caught: list[Any], code_files: frozenset[str]) -> None:
+        def __init__(
+            self, caught: list[Any], code_files: frozenset[str], is_user: Callable[[str], bool]
+        ) -> None:
             super().__init__()
             self.caught = caught
             self.code_files = code_files
+            self.is_user = is_user
             self.events: list[SyncEvent] = []
             self.seen: set[int] = set()
 
@@ -215,7 +212,7 @@ def _sync_mode_class() -> type:
                 return func(*args, **(kwargs or {}))
             finally:
                 for w in self.caught[before:]:
-                    if _SYNC_TEXT in str(w.message) and id(w) not in self.seen:
+                    if SYNC_WARNING_MESSAGE in str(w.message) and id(w) not in self.seen:
                         self.seen.add(id(w))
                         filename, lineno = self._caller()
                         self.events.append(SyncEvent(_op_name(func), filename, lineno))
@@ -227,7 +224,7 @@ def _sync_mode_class() -> type:
                 name = frame.f_code.co_filename
                 if name in self.code_files:
                     return name, frame.f_lineno
-                if fallback is None and is_user(name):
+                if fallback is None and self.is_user(name):
                     fallback = (name, frame.f_lineno)
                 frame = frame.f_back
             return fallback or ("<unknown>", 0)
@@ -235,9 +232,15 @@ def _sync_mode_class() -> type:
     return SyncSites
 
 
-def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> list[SyncEvent]:
+def catch_syncs(
+    run: Callable[[], object], code_files: Iterable[str], *, is_user: Callable[[str], bool]
+) -> list[SyncEvent]:
     """Run ``run()`` under ``torch.cuda.set_sync_debug_mode("warn")`` and return each host
     synchronization it caused, named by op and source line. The previous mode is put back.
+
+    The line is the innermost frame in ``code_files`` (the caller's compiled code), else
+    the innermost frame whose file name ``is_user`` accepts: what counts as the user's
+    code is the caller's rule (:class:`gpumagic.stacks.FrameFilter`), not the seam's.
     """
     import warnings
 
@@ -245,7 +248,7 @@ def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> li
     previous = get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mode = _sync_mode_class()(caught, frozenset(code_files))
+        mode = _sync_mode_class()(caught, frozenset(code_files), is_user)
         torch.cuda.set_sync_debug_mode("warn")
         try:
             with mode:
@@ -254,7 +257,7 @@ def catch_syncs(run: Callable[[], object], code_files: Iterable[str] = ()) -> li
             torch.cuda.set_sync_debug_mode(previous)
     events: list[SyncEvent] = list(mode.events)
     for w in caught:
-        if _SYNC_TEXT in str(w.message) and id(w) not in mode.seen:
+        if SYNC_WARNING_MESSAGE in str(w.message) and id(w) not in mode.seen:
             events.append(SyncEvent("a torch internal call", w.filename, w.lineno))
     return events
 
@@ -311,6 +314,10 @@ def _sync_after_each_op_mode() -> type:
     class SyncAfterEachOp(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Synchronize the device after every op that touched a CUDA tensor."""
 
+        def __init__(self, note: Callable[[str], str] | None) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.note = note
+
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
         ) -> Any:
@@ -322,10 +329,8 @@ def _sync_after_each_op_mode() -> type:
             try:
                 synchronize((device,))
             except RuntimeError as error:
-                error.add_note(
-                    f"pytest_cuda: raised by the synchronize right after {func} "
-                    "(per-op sync): this op queued the kernel that failed"
-                )
+                if self.note is not None:
+                    error.add_note(self.note(str(func)))
                 # The error belongs to the line that called the op, not to synchronize().
                 raise error.with_traceback(None) from None
             return out
@@ -333,16 +338,19 @@ def _sync_after_each_op_mode() -> type:
     return SyncAfterEachOp
 
 
-def sync_after_each_op() -> contextlib.AbstractContextManager[Any]:
+def sync_after_each_op(
+    note: Callable[[str], str] | None = None,
+) -> contextlib.AbstractContextManager[Any]:
     """A ``TorchDispatchMode``: synchronize after every torch op on a CUDA tensor.
 
     An asynchronous error is then raised by the op that queued the failing kernel, at
-    its line, without restarting the process. Ops on CPU tensors are not synchronized,
+    its line, without restarting the process; ``note(op)``, where given, is added to
+    that error (the caller's words, naming the op). Ops on CPU tensors are not synchronized,
     nor ops inside a CUDA graph capture. Kernels launched outside torch's dispatcher
     (Triton launched directly, CuPy, custom extensions called without an op) are not
     seen.
     """
-    mode: contextlib.AbstractContextManager[Any] = _sync_after_each_op_mode()()
+    mode: contextlib.AbstractContextManager[Any] = _sync_after_each_op_mode()(note)
     return mode
 
 

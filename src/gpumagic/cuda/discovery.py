@@ -1,23 +1,25 @@
 """Discovery: which CUDA devices this process can use, and why not when it cannot.
 
-Never creates a CUDA context: NVML is asked for the boards, ``CUDA_VISIBLE_DEVICES``
-maps them to indices, and torch's version file is read instead of importing torch.
+Never creates a CUDA context and never imports torch: NVML is asked for the boards
+(the CUDA driver API where a driver has no NVML), ``CUDA_VISIBLE_DEVICES`` maps them
+to indices, and torch's version file is read instead of importing torch.
 Without CUDA (torch missing, a CPU-only build, no driver, every device hidden) the
 answer carries a reason (:class:`CudaUnavailable`) instead of an error deep in torch.
-Also the per-process NVML readings (device and process memory) and the one place that
-imports torch (:func:`torch_module`).
+Also NVML's readings of a device (its memory, its processes: one function each) and
+the one place that imports torch (:func:`torch_module`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib.util
 import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from gpumagic.devices import (
     CudaStatus,
@@ -32,18 +34,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CudaUnavailable",
-    "device_count",
+    "NvmlMemory",
     "devices",
     "is_initialized",
-    "nvml_device_memory",
     "nvml_memory_info",
-    "nvml_process_memory",
     "nvml_processes",
     "require",
     "reset_status_cache",
     "status",
     "torch_module",
-    "torch_package_dir",
     "visible_devices",
 ]
 
@@ -71,7 +70,7 @@ def _torch_version_file() -> dict[str, str | None]:
         return {"torch": "unknown", "cuda": None}
     found: dict[str, str | None] = {"torch": "unknown", "cuda": None}
     for key, name in (("torch", "__version__"), ("cuda", "cuda")):
-        match = re.search(rf"^{name}\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        match = re.search(rf"^{name}\s*(?::[^=\n]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
         if match:
             found[key] = match.group(1)
     return found
@@ -158,7 +157,7 @@ def _status_now() -> CudaStatus:
         )
     nvml = _nvml()
     if nvml is None:
-        return _status_from_torch(common)
+        return _status_from_driver(common)
     driver = _as_str(nvml.nvmlSystemGetDriverVersion())
     common["driver_version"] = driver
     physical = _nvml_physical_devices(nvml)
@@ -176,17 +175,70 @@ def _status_now() -> CudaStatus:
     return CudaStatus(True, "", devices=tuple(visible), **common)
 
 
-def _status_from_torch(common: dict[str, Any]) -> CudaStatus:
-    """NVML is missing: ask torch (``device_count`` creates no context) for a count."""
-    torch = torch_module()
-    count = torch.cuda.device_count()
-    if count == 0:
-        return CudaStatus(False, "no NVIDIA driver or GPU was found", **common)
-    placeholders = tuple(
-        DeviceInfo(index=i, name="unknown (NVML unavailable)", total_memory=0, capability=(0, 0))
-        for i in range(count)
-    )
-    return CudaStatus(True, "", devices=placeholders, **common)
+def _status_from_driver(common: dict[str, Any]) -> CudaStatus:
+    """NVML is missing: ask the CUDA driver itself, else there is no driver.
+
+    A driver without NVML is rare (Jetson boards); there the driver API lists the
+    devices. Without either library there is no NVIDIA driver, which is the answer on
+    every GPU-less machine with a CUDA build of torch, and torch is not imported for it.
+    """
+    lib = _cuda_driver()
+    if lib is None:
+        reason = "no NVIDIA driver was found (neither NVML nor libcuda loads)"
+        return CudaStatus(False, reason, **common)
+    code = lib.cuInit(0)  # reads CUDA_VISIBLE_DEVICES once per process, as torch does
+    found = _driver_devices(lib) if code == 0 else []
+    if code not in (0, _CUDA_ERROR_NO_DEVICE):
+        return CudaStatus(False, f"the CUDA driver did not start (cuInit error {code})", **common)
+    if not found:
+        env = common["visible_devices_env"]
+        hidden = "" if env is None else f" (CUDA_VISIBLE_DEVICES={env!r})"
+        return CudaStatus(False, f"the CUDA driver reports no GPU{hidden}", **common)
+    return CudaStatus(True, "", devices=tuple(found), **common)
+
+
+@functools.cache
+def _cuda_driver() -> Any:
+    """The CUDA driver library (``libcuda``) through ctypes; ``None`` when it is missing."""
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+# From cuda.h: cuInit's answer without a visible device; cuDeviceGetAttribute's ids
+# of the compute capability.
+_CUDA_ERROR_NO_DEVICE = 100
+_CAPABILITY_MAJOR, _CAPABILITY_MINOR = 75, 76
+
+
+def _driver_devices(lib: Any) -> list[DeviceInfo]:
+    """The visible devices as the CUDA driver API lists them, after ``cuInit`` (which
+    creates no context); names, sizes and capabilities, no NVML identity."""
+    count = ctypes.c_int(0)
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    found = []
+    for i in range(count.value):
+        handle, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+        name = ctypes.create_string_buffer(256)
+        total = ctypes.c_size_t(0)
+        if lib.cuDeviceGet(ctypes.byref(handle), i) != 0:
+            break
+        lib.cuDeviceGetName(name, len(name), handle)
+        lib.cuDeviceTotalMem_v2(ctypes.byref(total), handle)
+        lib.cuDeviceGetAttribute(ctypes.byref(major), _CAPABILITY_MAJOR, handle)
+        lib.cuDeviceGetAttribute(ctypes.byref(minor), _CAPABILITY_MINOR, handle)
+        found.append(
+            DeviceInfo(
+                index=i,
+                name=name.value.decode(errors="replace") or "unknown",
+                total_memory=int(total.value),
+                capability=(int(major.value), int(minor.value)),
+            )
+        )
+    return found
 
 
 _STATUS: CudaStatus | None = None
@@ -198,7 +250,8 @@ _STATUS_KEY: str | None = None
 def status() -> CudaStatus:
     """Whether CUDA is usable here, the versions, and the visible devices.
 
-    Creates no CUDA context and does not import torch. Cached until
+    Creates no CUDA context and does not import torch, with or without a driver: NVML
+    lists the boards, else the CUDA driver API (``libcuda`` through ctypes). Cached until
     ``CUDA_VISIBLE_DEVICES`` changes or :func:`reset_status_cache` is called.
     """
     global _STATUS, _STATUS_KEY
@@ -209,7 +262,8 @@ def status() -> CudaStatus:
 
 
 def reset_status_cache() -> None:
-    """Forget the cached :func:`status` (tests and ``--cuda-devices`` use it)."""
+    """Forget the cached :func:`status`, for a machine that changed under this process
+    (a test's made-up GPUs); a change of ``CUDA_VISIBLE_DEVICES`` needs no reset."""
     global _STATUS, _STATUS_KEY
     _STATUS, _STATUS_KEY = None, None
 
@@ -217,11 +271,6 @@ def reset_status_cache() -> None:
 def devices() -> tuple[DeviceInfo, ...]:
     """The visible devices (empty without CUDA); no context is created."""
     return status().devices
-
-
-def device_count() -> int:
-    """How many devices this process may use; no context is created."""
-    return len(status().devices)
 
 
 def require() -> CudaStatus:
@@ -259,27 +308,6 @@ def _nvml_handle(device: DeviceInfo) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(device.physical_index)
 
 
-def nvml_device_memory(device: DeviceInfo) -> tuple[int, int, int]:
-    """``(used, free, total)`` bytes of the whole device, all processes included."""
-    memory = _require_nvml().nvmlDeviceGetMemoryInfo(_nvml_handle(device))
-    return int(memory.used), int(memory.free), int(memory.total)
-
-
-def nvml_process_memory(device: DeviceInfo) -> dict[int, int]:
-    """``{pid: bytes}`` of the compute processes on ``device``, as nvidia-smi shows them.
-
-    Empty where the driver does not report processes (some containers, MIG).
-    """
-    nvml = _require_nvml()
-    handle = _nvml_handle(device)
-    result: dict[int, int] = {}
-    with contextlib.suppress(nvml.NVMLError):
-        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            used = proc.usedGpuMemory
-            result[int(proc.pid)] = int(used) if used is not None else 0
-    return result
-
-
 def _require_nvml() -> ModuleType:
     nvml = _nvml()
     if nvml is None:
@@ -304,12 +332,23 @@ def visible_devices(value: str | None) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
-def nvml_memory_info(device: DeviceInfo) -> tuple[int, int, int, int | None]:
-    """``(total, used, free, driver_reserved)`` bytes of the whole device.
+class NvmlMemory(NamedTuple):
+    """One device's memory as NVML reports it, in bytes, all processes included."""
 
-    Uses NVML's v2 memory query where the driver has it (driver 515+): there ``used``
-    excludes the memory the driver reserves for itself, as nvidia-smi shows it, and
-    ``driver_reserved`` is that reservation; otherwise ``None`` (gpustat#141). Raises
+    total: int
+    #: As nvidia-smi shows it: without the driver's own reservation where the driver
+    #: reports that reservation (NVML's v2 query, driver 515+).
+    used: int
+    free: int
+    #: What the driver reserves for itself; ``None`` where the driver does not say.
+    driver_reserved: int | None
+
+
+def nvml_memory_info(device: DeviceInfo) -> NvmlMemory:
+    """The whole device's memory (:class:`NvmlMemory`), every process included.
+
+    Uses NVML's v2 memory query where the driver has it (driver 515+), else v1, whose
+    ``used`` includes the driver's reservation (gpustat#141). Raises
     :class:`CudaUnavailable` when NVML is missing or the query fails.
     """
     nvml = _require_nvml()
@@ -319,13 +358,15 @@ def nvml_memory_info(device: DeviceInfo) -> tuple[int, int, int, int | None]:
         if version is not None:
             with contextlib.suppress(nvml.NVMLError, TypeError, AttributeError):
                 info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
-                return int(info.total), int(info.used), int(info.free), int(info.reserved)
+                return NvmlMemory(
+                    int(info.total), int(info.used), int(info.free), int(info.reserved)
+                )
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
     except nvml.NVMLError as exc:
         raise CudaUnavailable(
             f"NVML could not read the memory of cuda:{device.index}: {exc}"
         ) from None
-    return int(info.total), int(info.used), int(info.free), None
+    return NvmlMemory(int(info.total), int(info.used), int(info.free), None)
 
 
 def nvml_processes(device: DeviceInfo) -> list[tuple[int, int | None]]:
@@ -355,10 +396,3 @@ def nvml_processes(device: DeviceInfo) -> list[tuple[int, int | None]]:
             f"NVML could not list the processes on cuda:{device.index}: {exc}"
         ) from None
     return sorted(found.items())
-
-
-def torch_package_dir() -> Path | None:
-    """Where the imported torch lives (to tell its frames from the user's); no import."""
-    module = sys.modules.get("torch")
-    location = getattr(module, "__file__", None)
-    return Path(location).parent if location else None

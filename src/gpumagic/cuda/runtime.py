@@ -102,13 +102,14 @@ def devices_with_context() -> tuple[int, ...]:
     torch has initialised CUDA. Never creates a context."""
     if not is_initialized():
         return ()
-    torch = torch_module()
-    has_context = torch._C._cuda_hasPrimaryContext
-    return tuple(i for i in range(torch.cuda.device_count()) if has_context(i))
+    has_context = torch_module()._C._cuda_hasPrimaryContext
+    return tuple(i for i in range(visible_device_total()) if has_context(i))
 
 
 def visible_device_total() -> int:
-    """How many devices torch sees (``0`` before torch has initialised CUDA)."""
+    """How many devices torch has (``0`` before torch has initialised CUDA): the count
+    that bounds device indices once CUDA is in use. Before that, ``len(devices())``
+    (discovery) says how many this process may use."""
     if not is_initialized():
         return 0
     return int(torch_module().cuda.device_count())
