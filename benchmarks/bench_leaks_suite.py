@@ -65,6 +65,10 @@ def outcomes(junit: Path) -> dict[str, str]:
     return found
 
 
+#: A run that takes longer than this (seconds) is stopped and counted as timed out.
+RUN_TIMEOUT_S = float(os.environ.get("BENCH_SUITE_RUN_TIMEOUT_S", "300"))
+
+
 def run_config(
     suite: Path, targets: list[str], options: tuple[str, ...], keyword: str | None
 ) -> dict[str, Any]:
@@ -94,9 +98,19 @@ def run_config(
         if keyword:
             command += ["-k", keyword]
         started = time.perf_counter()
-        done = subprocess.run(
-            command, check=False, cwd=suite, capture_output=True, text=True, env=env
-        )
+        try:
+            done = subprocess.run(
+                command,
+                check=False,
+                cwd=suite,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=RUN_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            done = subprocess.CompletedProcess(command, -9, out, f"timed out after {exc.timeout} s")
         wall = time.perf_counter() - started
         results = outcomes(junit) if junit.exists() else {}
     phases = {"setup": 0.0, "call": 0.0, "teardown": 0.0}
