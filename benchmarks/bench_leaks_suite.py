@@ -139,7 +139,7 @@ def leaked_lines(lines: list[str]) -> dict[str, int]:
     """How many ``LEAKED`` lines name the allocating line, a holder, or why no holder
     was found (nothing in Python reaches it, or the search ran out of time)."""
     return {
-        "leaked": len(lines),
+        "leaked_count": len(lines),
         "with_line": sum(", allocated at " in line for line in lines),
         "with_holder": sum(
             ", held by " in line and ", held by an unknown holder" not in line for line in lines

@@ -238,7 +238,9 @@ class LeakResult:
         if scan is None:
             return None
         found = scan.first()
-        if found is not None:
+        # A holder the walk reached; a block's allocating library call is only a guess
+        # when the walk stopped before reading everything.
+        if found is not None and (scan.complete or scan.holders[0].tensors):
             return found
         if not scan.complete:
             return (
