@@ -279,7 +279,7 @@ def main(
         leaked = found[-1]["leaked"]
         rows.append(
             {
-                "bench": "leaks_suite",
+                "bench": "leaks_growing",
                 "suite": name,
                 "label": label,
                 "wall_s": statistics.median(walls),
@@ -317,6 +317,6 @@ def main(
             )
     if out is not None:
         with out.open("a") as stream:
-            stream.write(json.dumps(environment("leaks_suite", name)) + "\n")
+            stream.write(json.dumps(environment("leaks_growing", name)) + "\n")
             for row in rows:
                 stream.write(json.dumps(row) + "\n")

@@ -43,7 +43,8 @@ SCRIPTS = {
     "gpumem": "bench_gpumem.py",
     "gpumem_timeline": "bench_gpumem_timeline.py",
     "leaks": "bench_leaks.py",
-    "leaks_suite": "bench_leaks.py --suite",
+    "leaks_suite": "bench_leaks.py --suite (the harness before suites that grow)",
+    "leaks_growing": "bench_leaks.py --suite",
     "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
     "lprun": "bench_lprun.py",
     "plugin_overhead": "bench_plugin_overhead.py",
@@ -178,6 +179,13 @@ def _loop_ratio(run: Run, name: str, base: str) -> float:
     return _named(run, name) / _named(run, base)
 
 
+def _growing(run: Run, *, suite: str, label: str, key: str) -> float:
+    value = run.one(suite=suite, label=label)[key]
+    if value is None:
+        raise KeyError(f"{suite}, {label}: {key} is not comparable in {run.file.name}")
+    return float(value)
+
+
 def _suite_wall(run: Run, label: str) -> float:
     return float(run.one(label=label)["wall_s"])
 
@@ -251,6 +259,27 @@ FIGURES: dict[str, Figure] = {
         "{:.0f}",
         "LEAKED, all configurations",
     ),
+    # bench_leaks.py --suite on suites that grow: each suite's rows, plugin loaded = 1.
+    **{
+        f"leaks_growing.{short}.{what}": Figure(
+            "leaks_growing",
+            functools.partial(_growing, suite=suite, label=label, key=key),
+            fmt,
+            f"{suite}: {label}, {key}",
+        )
+        for short, suite in (
+            ("gpytorch", "gpytorch 1.15.2 test/ (CUDA tests)"),
+            ("pyg", "torch_geometric 2.8.0.post1, 30 CUDA test files"),
+        )
+        for what, label, key, fmt in (
+            ("check_ratio", "--cuda-leak-check", "ratio_to_loaded", "{:.2f}"),
+            ("trace_ratio", "--cuda-leak-check --cuda-leak-trace", "ratio_to_loaded", "{:.2f}"),
+            ("leaked", "--cuda-leak-check", "leaked_count", "{:.0f}"),
+            ("with_line", "--cuda-leak-check", "with_line", "{:.0f}"),
+            ("with_holder", "--cuda-leak-check", "with_holder_or_why", "{:.0f}"),
+            ("teardown", "--cuda-leak-check", "teardown_s", "{:.1f} s"),
+        )
+    },
     "leaks_suite_torch.ratio": Figure(
         "leaks_suite_torch",
         lambda run: float(run.one(label="PyTorch CudaMemoryLeakCheck")["ratio"]),
@@ -564,6 +593,38 @@ def _table_leaks_suite(run: Run) -> Table:
     return header, out
 
 
+def _table_leaks_growing(run: Run) -> Table:
+    out = []
+    for r in (r for r in run.records if "label" in r):
+        walls = ", ".join(f"{w:.1f}" for w in r.get("walls", []))
+        ratio = r.get("ratio_to_loaded")
+        out.append(
+            [
+                r["suite"],
+                f"`{r['label']}`" if r["label"].startswith("-") else r["label"],
+                f"{r['wall_s']:.1f} s ({walls})",
+                "not comparable" if ratio is None else f"{ratio:.2f}",
+                f"{r.get('teardown_s', 0):.1f} s",
+                str(r["tests"]),
+                str(r["leaked_count"]),
+                str(r["with_line"]),
+                str(r["with_holder_or_why"]),
+            ]
+        )
+    header = [
+        "suite",
+        "configuration",
+        "wall, median (rounds)",
+        TIMES + " plugin loaded",
+        "teardown",
+        "tests",
+        "LEAKED",
+        "with the line",
+        "with a holder or why none",
+    ]
+    return header, out
+
+
 def _table_leaks_suite_torch(run: Run) -> Table:
     rows = [r for r in run.records if "label" in r]
     out = [
@@ -754,6 +815,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "leaks": _table_leaks,
     "leaks_suite": _table_leaks_suite,
     "leaks_suite_torch": _table_leaks_suite_torch,
+    "leaks_growing": _table_leaks_growing,
     "lprun": _table_lprun,
     "plugin_overhead": _table_plugin_overhead,
     "sync": _table_sync,
