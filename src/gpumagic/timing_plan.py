@@ -42,6 +42,7 @@ MIN_COLD_RUNS = 15  # single cold calls vary more: more of them before the noise
 DRIFT = 0.05  # warn when the first run was this much faster than the later ones
 FEWEST_RUNS = 3  # runs measured even when the budget is spent
 NOISE_TARGET = 0.01  # stop when IQR / median of the runs is below this
+NOISE_CHECKS = 100  # runs after which the spread is checked every run; then less often
 COLD_NOISE_TARGET = 0.02  # single cold calls vary more
 NOISY = 0.10  # warn above this relative IQR (torch.utils.benchmark uses 10 %)
 FLOOR_FACTOR = 5  # warn when the result is within this many timing floors
@@ -167,13 +168,21 @@ def enough_runs(
     done; or enough runs with a relative IQR under the noise target; or the next run
     (taking ``next_run`` seconds from ``now``) would end after the ``deadline`` and the
     fewest runs are in."""
+    count = len(values)
     if options.repeat is not None:
-        return len(values) >= options.repeat
+        return count >= options.repeat
+    if count >= FEWEST_RUNS and now + next_run > deadline:
+        return True
     noise = COLD_NOISE_TARGET if options.cold else NOISE_TARGET
     fewest = MIN_COLD_RUNS if options.cold else MIN_RUNS
-    if len(values) >= fewest and rel_iqr(values) <= noise:
-        return True
-    return len(values) >= FEWEST_RUNS and now + next_run > deadline
+    return count >= fewest and _noise_due(count) and rel_iqr(values) <= noise
+
+
+def _noise_due(count: int) -> bool:
+    """Whether to compute the spread after ``count`` runs: after each of the first
+    ``NOISE_CHECKS``, then every ``count // NOISE_CHECKS`` runs, so that many short runs
+    (``-n 1``) cost O(n log n) in all, not a sort of every run so far after each one."""
+    return count <= NOISE_CHECKS or count % (count // NOISE_CHECKS) == 0
 
 
 def side_work(runs: Sequence[Run], baseline_tail: float) -> list[float] | None:

@@ -123,6 +123,21 @@ def test_the_budget_note_adds_up(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_the_host_floor_is_a_run_of_no_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reaching the body costs 1 µs a run, whatever its loops: that is the floor (it was
+    two clock reads, which cost nothing here, and -n 1 drew no warning; issue 29)."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+
+    def body(n: int) -> None:
+        clock.advance(1e-6 + n * 1e-8)
+
+    result = time_cuda(body, TimingOptions(loops=1, repeat=50, host_only=True))
+    assert result.floor == pytest.approx(1e-6)
+    assert result.median == pytest.approx(1.01e-6)
+    assert any("of the timing floor (1 µs per loop here)" in w for w in result.warnings)
+
+
 def test_host_timing_with_fixed_loops_and_repeat() -> None:
     calls = []
     result = time_cuda(

@@ -7,6 +7,7 @@ GPU behaviour is in ``test_timing_gpu.py``).
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -394,3 +395,15 @@ def test_a_trailing_comment_is_not_in_the_title(
     assert shell.user_ns["r"].label == "s = 'a#b'.split('#')"
     assert run(shell, f"%%cudatime -o {FAST}\n# the body\nsorted(x)  # sort\n").success
     assert shell.user_ns["_"].label == "sorted(x)"
+
+
+# -- many runs (issue 29) --------------------------------------------------------------
+
+
+def test_many_runs_cost_linear_time(shell: InteractiveShell) -> None:
+    """``-r 200000`` took 392 s: every run rebuilt the list of the runs before it.
+    (This process's CPU time, which other work on a loaded machine does not inflate.)"""
+    start = time.process_time()
+    assert run(shell, "r = %cudatime -q -o -n 1 -r 200000 --device cpu 1+1").success
+    assert time.process_time() - start < 2
+    assert shell.user_ns["r"].repeat == 200000

@@ -33,7 +33,15 @@ def test_quantile_interpolates_like_numpy() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(170e-6, "170 µs"), (1.234e-3, "1.23 ms"), (2.5, "2.5 s"), (8.26e-9, "8.26 ns"), (0, "0 s")],
+    [
+        (170e-6, "170 µs"),
+        (1.234e-3, "1.23 ms"),
+        (2.5, "2.5 s"),
+        (8.26e-9, "8.26 ns"),
+        (0, "0 s"),
+        (999.96e-9, "1 µs"),  # rounds up into the next unit, not "1e+03 ns"
+        (0.99999, "1 s"),
+    ],
 )
 def test_format_time(seconds: float, text: str) -> None:
     assert format_time(seconds) == text
