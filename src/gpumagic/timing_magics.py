@@ -202,17 +202,18 @@ class CudaTimeMagics(Magics):
           y = x * 2
           total = y.sum().item()
         """
-        args, rest = _parse(getattr(self.cudatime, "parser"), line)  # noqa: B009
+        args, rest, start = _parse(getattr(self.cudatime, "parser"), line)  # noqa: B009
         options = _options(args)
+        # Where the setup and body sit in the cell as registered below: (line, column).
         if cell is None:
-            setup, body, offset = "", rest, 0
+            setup, body, where = "", rest, (0, len("%cudatime ") + start)
             cached = f"%cudatime {line}"
         else:
-            setup, body, offset = rest, cell, 1
+            setup, body, where = rest, cell, (1, 0)
             cached = f"%%cudatime {line}\n{cell}"
         if not body.strip():
-            where = "a statement after the options" if cell is None else "a cell body"
-            raise UsageError(f"%cudatime: nothing to time; give it {where}")
+            what = "a statement after the options" if cell is None else "a cell body"
+            raise UsageError(f"%cudatime: nothing to time; give it {what}")
         shell = self.shell
         assert shell is not None
         try:
@@ -222,17 +223,16 @@ class CudaTimeMagics(Magics):
         filename = file_source(shell, cached)
         t0 = time.perf_counter()
         scope = local_ns if cell is None and local_ns is not shell.user_ns else None
-        run = self._compile(body, filename, offset, scope)
+        try:
+            setup_code = self._code(setup, filename, (0, len("%%cudatime ") + start))
+            run = self._compile(body, filename, where, scope)
+        except SyntaxError as exc:
+            raise exc.with_traceback(None) from None  # the user's line and caret
         compile_time = time.perf_counter() - t0
         try:
             with device_scope(options):
-                if setup.strip():
-                    exec(self._code(setup, filename, 0), shell.user_ns)
+                exec(setup_code, shell.user_ns)
                 settle()
-        except Exception as exc:
-            show_from(exc, filename, shell)
-            raise
-        try:
             result = time_cuda(
                 run,
                 options,
@@ -240,7 +240,7 @@ class CudaTimeMagics(Magics):
                 code_files=(filename,),
                 compile_time=compile_time,
             )
-        except Exception as exc:
+        except BaseException as exc:  # Ctrl-C too: shown from the user's code on
             show_from(exc, filename, shell)
             raise
         if setup.strip() and (result.flops_counted or result.bytes_counted):
@@ -251,17 +251,17 @@ class CudaTimeMagics(Magics):
             shell.user_ns[args.variable] = result
         return result if args.output else None
 
-    def _code(self, source: str, filename: str, offset: int) -> CodeType:
+    def _code(self, source: str, filename: str, where: tuple[int, int]) -> CodeType:
         assert self.shell is not None
-        tree = parse_source(self.shell, source, filename, offset)
+        tree = parse_source(self.shell, source, filename, *where)
         return compile_source(self.shell, tree, filename, "exec")
 
     def _compile(
-        self, body: str, filename: str, offset: int, local_ns: dict[str, Any] | None
+        self, body: str, filename: str, where: tuple[int, int], local_ns: dict[str, Any] | None
     ) -> Body:
         """The body as ``run(n)``: one function, its loop inside (as %timeit's template)."""
         shell: Any = self.shell
-        tree = parse_source(shell, body, filename, offset)
+        tree = parse_source(shell, body, filename, *where)
         # Compile it alone first: code that is invalid at module level (`return`, `yield`)
         # must not become valid inside the template function (ipython/ipython#10636).
         compile_source(shell, tree, filename, "exec")
@@ -285,8 +285,9 @@ class CudaTimeMagics(Magics):
         return run
 
 
-def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespace, str]:
-    """Options up to the first token that is not one; the rest of the line verbatim."""
+def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespace, str, int]:
+    """Options up to the first token that is not one; the rest of the line verbatim,
+    and where in ``line`` it starts."""
     takes_value = {
         option: action.nargs != 0 for action in parser._actions for option in action.option_strings
     }
@@ -324,7 +325,8 @@ def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespa
         argv.append(token)
         expect_value = takes_value[name] and token == name
     args = parser.parse_args(argv)  # MagicArgumentParser raises UsageError
-    return args, line[position:].strip()
+    rest = line[position:]
+    return args, rest.strip(), position + len(rest) - len(rest.lstrip())
 
 
 def _token(line: str, start: int) -> tuple[str, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fake_clock import FakeClock
@@ -407,3 +407,102 @@ def test_many_runs_cost_linear_time(shell: InteractiveShell) -> None:
     assert run(shell, "r = %cudatime -q -o -n 1 -r 200000 --device cpu 1+1").success
     assert time.process_time() - start < 2
     assert shell.user_ns["r"].repeat == 200000
+
+
+# -- Ctrl-C before anything was measured, and syntax errors (issue 29) ------------------
+
+
+def shown(capsys: pytest.CaptureFixture[str]) -> str:
+    """What the cell printed, without colours."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+
+
+def assert_short_and_ours_hidden(text: str) -> None:
+    lines = text.strip().splitlines()
+    assert len(lines) <= 10, text
+    assert "gpumagic" not in text, text
+    assert "KeyboardInterrupt" in lines[-1]
+
+
+def test_ctrl_c_in_the_first_call_shows_the_users_line_only(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, f"%cudatime {FAST} raise KeyboardInterrupt")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    text = shown(capsys)
+    assert_short_and_ours_hidden(text)
+    assert "----> 1 %cudatime --budget 0.05 raise KeyboardInterrupt" in text
+
+
+def test_ctrl_c_in_the_warm_up_shows_the_users_frames_only(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns["calls"] = []
+    cell = "def step():\n    if calls.append(1) or len(calls) > 3: raise KeyboardInterrupt"
+    assert run(shell, cell).success
+    result = run(shell, f"%cudatime {FAST} step()")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    text = shown(capsys)
+    assert_short_and_ours_hidden(text)
+    assert "----> 1 %cudatime --budget 0.05 step()" in text
+    assert "----> 2     if calls.append(1)" in text
+
+
+def test_ctrl_c_that_lands_between_the_users_lines_is_shown_alone(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C arrives while the engine itself runs (here: at its fifth clock read)."""
+
+    class InterruptedClock:
+        reads = 0
+
+        def perf_counter(self) -> float:
+            self.reads += 1
+            if self.reads == 5:
+                raise KeyboardInterrupt
+            return float(self.reads)
+
+    monkeypatch.setattr(timing, "time", InterruptedClock())
+    result = run(shell, f"%cudatime {FAST} x = 1")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert_short_and_ours_hidden(shown(capsys))
+
+
+def test_ctrl_c_in_the_setup_shows_the_setup(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, "%%cudatime raise KeyboardInterrupt\nx = 1")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    text = shown(capsys)
+    assert_short_and_ours_hidden(text)
+    assert "----> 1 %%cudatime raise KeyboardInterrupt" in text
+
+
+def syntax_error_shown(shell: InteractiveShell, cell: str, capsys: Any) -> tuple[str, str]:
+    """The line IPython shows for the syntax error, and the caret under it."""
+    result = run(shell, cell)
+    assert isinstance(result.error_in_exec, SyntaxError)
+    text = shown(capsys)
+    assert "gpumagic/cell_code.py" not in text
+    assert text.count("gpumagic/") == 1, text  # the magic's own line, as %timeit's
+    lines = text.rstrip().splitlines()
+    assert lines[-1].startswith("SyntaxError")
+    return lines[-3], lines[-2]
+
+
+@pytest.mark.parametrize(
+    ("cell", "line", "caret"),
+    [
+        ("%%cudatime\nx = 1\ny = = 2", "    y = = 2", "        ^"),
+        ("%cudatime x +", "    %cudatime x +", " " * 17 + "^"),
+        ("%cudatime -n 3 -v x   x +", "    %cudatime -n 3 -v x   x +", " " * 29 + "^"),
+        ("%cudatime return 5", "    %cudatime return 5", " " * 14 + "^"),
+        ("%%cudatime -n 3 x = (1,\nx", "    %%cudatime -n 3 x = (1,", " " * 27 + "^"),
+        ("%%cudatime -n 3 x = 1 1\nx", "    %%cudatime -n 3 x = 1 1", " " * 26 + "^"),
+        ("%%gpumem\nx = 1\ny = = 2", "    y = = 2", "        ^"),
+    ],
+)
+def test_a_syntax_error_shows_the_users_line_and_caret(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cell: str, line: str, caret: str
+) -> None:
+    assert syntax_error_shown(shell, cell, capsys) == (line, caret)
