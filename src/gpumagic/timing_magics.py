@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import itertools
+import keyword
 import time
 import tokenize
 from typing import TYPE_CHECKING, Any
@@ -364,8 +365,12 @@ def _options(args: argparse.Namespace) -> TimingOptions:
                     f"%cudatime: --device {args.device!r}: use an index (0), cuda:N or cpu"
                 )
             device = int(index)
-    if args.variable is not None and not args.variable.isidentifier():
-        raise UsageError(f"%cudatime: -v {args.variable!r} is not a variable name")
+    if args.variable is not None and (
+        not args.variable.isidentifier() or keyword.iskeyword(args.variable)
+    ):
+        raise UsageError(
+            f"%cudatime: -v {args.variable!r} is not a variable name; give a name such as -v result"
+        )
     try:
         return TimingOptions(
             loops=args.loops or None,  # -n 0: choose, as %timeit does

@@ -9,6 +9,7 @@ returns its decision, so each rule is tested on numbers alone.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -49,6 +50,8 @@ FLOOR_FACTOR = 5  # warn when the result is within this many timing floors
 FIRST_CALL_FACTOR = FIRST_CALL_WARNING  # warn when the first call took this many times longer
 GRAPH_REPLAY_TARGET = 2e-3  # GPU seconds per graph replay, for the unroll factor
 GRAPH_MAX_UNROLL = 256
+MAX_COUNT = sys.maxsize  # loops, runs and warm-up calls Python can count in one loop
+MAX_PRECISION = 17  # significant digits a float holds
 CUDA_OPTIONS = ("cold", "graph", "kernels", "validate", "sync_check")
 
 
@@ -79,10 +82,17 @@ class TimingOptions:
     count: bool = True
 
     def __post_init__(self) -> None:
-        for name, low in (("loops", 1), ("repeat", 1), ("warmup", 0), ("precision", 1)):
+        for name, low, high in (
+            ("loops", 1, MAX_COUNT),
+            ("repeat", 1, MAX_COUNT),
+            ("warmup", 0, MAX_COUNT),
+            ("precision", 1, MAX_PRECISION),
+        ):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be at least {low}, got {value}")
+            if value is not None and value > high:
+                raise ValueError(f"{name} must be at most {high:,}, got {value:,}")
         if not (self.budget > 0 and math.isfinite(self.budget)):
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget}")
         for name in ("flops", "bytes"):
