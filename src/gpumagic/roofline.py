@@ -71,7 +71,7 @@ class Roofline:
         intensity = f"{_number(self.intensity)} FLOP/B"
         ridge = self.ridge
         if ridge is None or self.peak_flops is None or self.bandwidth is None:
-            return ("intensity", intensity, "FLOP per byte read and written; no peaks to compare")
+            return ("intensity", intensity, "FLOP per byte moved; no peaks to compare")
         side = "above" if self.intensity >= ridge else "below"
         detail = (
             f"{intensity}, {side} the ridge at {_number(ridge)} FLOP/B "

@@ -69,6 +69,11 @@ display: Callable[..., None] = _display.display
 class CudaTimeMagics(Magics):
     """Holds ``%cudatime``."""
 
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        # A note shown once in this session is not shown again: a user times many cells.
+        self._notes_shown: set[str] = set()
+
     @no_var_expand
     @magic_arguments()
     @argument(
@@ -192,8 +197,8 @@ class CudaTimeMagics(Magics):
         FLOPs (torch's FlopCounterMode) and the bytes each op reads and writes, for
         FLOP/s, B/s, % of the device's peak and a roofline verdict (--no-count skips
         it; --flops and --bytes set the figures instead). Without a GPU it times on
-        the host like %timeit and says so. Names assigned in the body stay local to
-        it, as with %timeit.
+        the host like %timeit and says so. A note already shown in this session is not
+        shown again. Names assigned in the body stay local to it, as with %timeit.
 
         Examples::
 
@@ -247,6 +252,8 @@ class CudaTimeMagics(Magics):
         if setup.strip() and (result.flops_counted or result.bytes_counted):
             result.notes.append(SETUP_NOTE)
         if not args.quiet:
+            result.notes = [n for n in result.notes if n not in self._notes_shown]
+            self._notes_shown.update(result.notes)
             display(result)
         if args.variable:
             shell.user_ns[args.variable] = result

@@ -118,13 +118,18 @@ class Timer:
 
     def host_only(self, why: str) -> Measured:
         """Time on the host (``--device cpu``, or no GPU here: ``why``)."""
-        self._cuda_options_ignored(why)
+        self._cuda_options_ignored()
         self.report.notes.append(f"Timed on the host like %timeit ({why}).")
         return self._host(first_call=None)
 
-    def _cuda_options_ignored(self, why: str) -> None:
-        for flag in self.options.cuda_only():
-            self.report.warnings.append(f"{flag} needs CUDA ({why}): not used")
+    def _cuda_options_ignored(self) -> None:
+        """One warning for the options that need CUDA (the note that follows says why)."""
+        flags = self.options.cuda_only()
+        if flags:
+            named = flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " and " + flags[-1]
+            self.report.warnings.append(
+                f"{named} {'needs' if len(flags) == 1 else 'need'} CUDA: not used"
+            )
 
     # -- host timing ------------------------------------------------------------------
     def _host_run(self, n: int) -> Run:
@@ -171,7 +176,7 @@ class Timer:
         self.call(1)
         if not cuda.is_initialized():
             first_call = self.clock() - t0
-            self._cuda_options_ignored("the body launched no GPU work")
+            self._cuda_options_ignored()
             self.report.notes.append(
                 "The body never initialised CUDA, so it launched no GPU work (CPU tensors?): "
                 "timed on the host like %timeit."
