@@ -103,7 +103,8 @@ class CudaTimeMagics(Magics):
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="time for warm-up and runs (default: 1)",
+        help="time for warm-up and runs, after the first call (default: 1); at least 3 "
+        "runs are made, however long",
     )
     @argument(
         "-p",

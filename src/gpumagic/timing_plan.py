@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpumagic.timing_result import CudaTimeResult
 
 __all__ = [
+    "FEWEST_RUNS",
     "MIN_RUNS",
     "Body",
     "Run",

@@ -22,6 +22,7 @@ from gpumagic import cuda
 from gpumagic.gc_pause import paused_gc
 from gpumagic.timing_counts import count_work, set_peaks
 from gpumagic.timing_plan import (
+    FEWEST_RUNS,
     MIN_RUNS,
     Body,
     Run,
@@ -319,7 +320,9 @@ class Timer:
         try:
             while True:
                 run = measure(loops)
-                if resizes < MAX_RESIZES and self._off_target(run, target, unroll):
+                # A resize starts the runs over: only while the fewest runs still fit.
+                room = self.clock() + FEWEST_RUNS * target <= deadline
+                if resizes < MAX_RESIZES and room and self._off_target(run, target, unroll):
                     resizes += 1
                     loops = max(unroll, round(target / run.per_loop / unroll) * unroll)
                     runs.clear()

@@ -138,6 +138,26 @@ def test_the_host_floor_is_a_run_of_no_loops(monkeypatch: pytest.MonkeyPatch) ->
     assert any("of the timing floor (1 µs per loop here)" in w for w in result.warnings)
 
 
+def test_the_budget_holds_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every other run is 20 times slower (the machine got busy after the warm-up):
+    runs far from their length were resized, each time starting over, long past the
+    budget (1.8 s of 1 s; issue 29). A resize now needs room for the fewest runs."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    calls = 0
+
+    def body(n: int) -> None:
+        nonlocal calls
+        calls += 1
+        busy = calls > 12 and calls % 2 and n > 0
+        clock.advance(n * 10e-6 * (20 if busy else 1))
+
+    result = time_cuda(body, TimingOptions(host_only=True, count=False))
+    assert result.first_call is not None
+    assert clock.now - result.first_call <= 1.0
+    assert result.repeat >= 3
+
+
 def test_host_timing_with_fixed_loops_and_repeat() -> None:
     calls = []
     result = time_cuda(
