@@ -28,10 +28,15 @@ class Roofline:
     """One body on one device's roofline: work per loop, time per loop and the peaks
     (``None`` where unknown)."""
 
+    #: FLOPs per loop.
     flops: float
+    #: Bytes read and written per loop.
     bytes: float
+    #: Seconds per loop.
     seconds: float
+    #: The device's peak FLOP/s for the body's precision, if known.
     peak_flops: float | None
+    #: The device's DRAM bandwidth in bytes per second, if known.
     bandwidth: float | None
 
     @property

@@ -66,20 +66,35 @@ class Body(Protocol):
 class TimingOptions:
     """What ``%cudatime``'s options ask for. ``ValueError`` names a bad value."""
 
+    #: Calls of the body per run (``-n``); ``None``: sized to the budget.
     loops: int | None = None
+    #: Runs (``-r``); ``None``: until the spread is small or the budget is spent.
     repeat: int | None = None
+    #: Warm-up calls (``-w``); ``None``: until two batches agree within 10 %.
     warmup: int | None = None
+    #: Seconds for warm-up and runs, after the first call (``--budget``).
     budget: float = 1.0
+    #: Significant digits shown (``-p``).
     precision: int = 3
+    #: Flush the L2 cache before each call and time single calls (``--cold``).
     cold: bool = False
+    #: Capture the body in a CUDA graph and time its replays (``--graph``).
     graph: bool = False
+    #: CUPTI kernel time, busy fraction and verdict (``--kernels``).
     kernels: bool = False
+    #: Also compare the events with CUPTI for the same loops (``--validate``).
     validate: bool = False
+    #: Count and place the body's host synchronizations (``--sync-check``).
     sync_check: bool = False
+    #: The GPU to time on (``--device N``); ``None``: the current device.
     device: int | None = None
+    #: Time on the host even with a GPU (``--device cpu``).
     host_only: bool = False
+    #: FLOPs per loop (``--flops``); ``None``: counted.
     flops: float | None = None
+    #: Bytes moved per loop (``--bytes``); ``None``: counted.
     bytes: float | None = None
+    #: Whether to count FLOPs and bytes in one more call (``--no-count``: no).
     count: bool = True
 
     def __post_init__(self) -> None:
@@ -115,12 +130,17 @@ class TimingOptions:
 class Run:
     """One run: ``loops`` calls; times in seconds for the whole run."""
 
+    #: Calls of the body in this run.
     loops: int
+    #: GPU seconds of the run from CUDA events (``nan`` on the host).
     gpu: float
+    #: Host wall seconds of the run, devices synchronized.
     host: float
+    #: Host seconds until the last call returned (launching, for GPU work).
     enqueue: float
     # Host seconds from the timed streams' end (polled, so no wake-up latency) to the
     # devices' idle: other streams' work the timed streams did not wait for.
+    #: Host seconds from the timed streams' end to the devices' idle.
     tail: float = 0.0
 
     @property
