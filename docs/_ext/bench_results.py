@@ -492,7 +492,33 @@ FIGURES: dict[str, Figure] = {
     "timing.side_stream_x": Figure(
         "timing", lambda run: _timing(run, "side-stream", "gpumagic"), "{:.3f}", "side stream"
     ),
+    "timing.mm_kernel_us": Figure(
+        "timing",
+        lambda run: _timing(run, "bf16 mm", "cupti_warm_s") * 1e6,
+        "{:.0f} µs",
+        "bf16 mm 4096: CUPTI kernel time per call",
+    ),
+    "timing.mm_timeit_us": Figure(
+        "timing",
+        lambda run: _trials_median(run, "bf16 mm", "%timeit") * 1e6,
+        "{:.0f} µs",
+        "bf16 mm 4096: %timeit -n 100 -r 3 per call (median over trials)",
+    ),
+    "timing.slowest_default_s": Figure(
+        "timing",
+        lambda run: max(float(r["wall_max"]) for r in run.rows(kind="checks")),
+        "{:.2f} s",
+        "the slowest default %cudatime call (1 s budget) of any workload",
+    ),
 }
+
+
+def _trials_median(run: Run, workload: str, method: str) -> float:
+    return statistics.median(
+        float(r["seconds"])
+        for r in run.records
+        if "trial" in r and str(r["workload"]).startswith(workload) and r["method"] == method
+    )
 
 
 def figure(key: str, folder: Path = RESULTS) -> tuple[str, float, Run]:
