@@ -214,6 +214,21 @@ FIGURES: dict[str, Figure] = {
     "leaks.anchor_us": Figure(
         "leaks", _leak("median_per_test_us", "none"), "{:.0f} µs", "a clean test, no check"
     ),
+    "leaks.check_median_us": Figure(
+        "leaks",
+        _leak("median_per_test_us", "check"),
+        "{:.0f} µs",
+        "a clean test, --cuda-leak-check",
+    ),
+    "leaks.trace_minus_check_us": Figure(
+        "leaks",
+        lambda run: (
+            float(run.one()["overhead_per_test_us"]["trace"])
+            - float(run.one()["overhead_per_test_us"]["check"])
+        ),
+        "{:+.0f} µs",
+        "--cuda-leak-trace's cost minus --cuda-leak-check's",
+    ),
     "leaks.check_pct": Figure(
         "leaks", lambda run: float(run.one()["check_overhead_pct"]), "{:+.1f} %", "check"
     ),
@@ -555,11 +570,16 @@ def _table_leaks(run: Run) -> Table:
         ("torch none", "first 40 tests, no check (anchor)"),
         ("torch", "first 40 tests, PyTorch's `CudaMemoryLeakCheck`"),
     ]
-    rows = [
-        [label, f"{med[k]:,.0f}", "" if "none" in k else f"{over[k]:+,.1f}"]
-        for k, label in labels
-        if k in med
-    ]
+    spread = r.get("overhead_iqr_us", {})
+
+    def cost(k: str) -> str:
+        if "none" in k:
+            return ""
+        if k not in spread:  # runs before the spread was recorded
+            return f"{over[k]:+,.1f} (spread not recorded)"
+        return f"{over[k]:+,.1f} (IQR {spread[k][0]:+,.0f} to {spread[k][1]:+,.0f})"
+
+    rows = [[label, f"{med[k]:,.0f}", cost(k)] for k, label in labels if k in med]
     return ["configuration", "median per test (µs)", "overhead per test (µs)"], rows
 
 
