@@ -36,9 +36,17 @@ __all__ = [
 
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
+NBSP = "\u00a0"  # no-break space: textwrap does not break at it
 
 #: First call / steady state above which the engine warns about the first call.
 FIRST_CALL_WARNING = 10
+
+
+def _wrap(text: str, **options: Any) -> list[str]:
+    """``textwrap.wrap``, never breaking a number from its ``%``."""
+    return [
+        line.replace(NBSP, " ") for line in textwrap.wrap(text.replace(" %", NBSP + "%"), **options)
+    ]
 
 
 def _percent(value: float) -> str:
@@ -404,15 +412,13 @@ class CudaTimeResult:
         lines = [f"%cudatime  {self.label}".rstrip() + f"    [{self._header()}]"]
         for name, value, detail in self.rows():
             head = f"  {name:<12} {value:<20} "
-            parts = textwrap.wrap(detail, width=max(20, 80 - len(head))) or [""]
+            parts = _wrap(detail, width=max(20, 80 - len(head))) or [""]
             lines.append((head + parts[0]).rstrip())
             lines.extend(" " * len(head) + part for part in parts[1:])
         for mark, texts in (("!", self.warnings), ("·", self.notes)):
             for text in texts:
                 lines.extend(
-                    textwrap.wrap(
-                        text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    "
-                    )
+                    _wrap(text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    ")
                 )
         return "\n".join(lines)
 

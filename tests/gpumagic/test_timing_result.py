@@ -258,3 +258,15 @@ def test_gpumagic_compare_is_lazy() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gpumagic.nope  # noqa: B018
+
+
+def test_a_percentage_is_never_split_from_its_sign() -> None:
+    """The spread's "(20 %)" wrapped as "(20" and "%)" on the next line."""
+    for repeat in range(3, 40):  # run counts and spreads of every width
+        for spread in (0.05, 0.2, 0.45):
+            runs = [28.7e-3 * (1 + spread * ((i % 4) - 1.5) / 1.5) for i in range(repeat)]
+            result = CudaTimeResult(
+                loops=1, repeat=repeat, all_runs=runs, host_runs=runs, clock="host"
+            )
+            for line in result.text().splitlines()[1:]:
+                assert not line.strip().startswith("%"), result.text()
