@@ -83,15 +83,9 @@ class SyncSite:
 class CudaTimeResult:
     """The outcome of one ``%cudatime`` run.
 
-    ``flops`` and ``bytes`` are the work per loop: given (``--flops``, ``--bytes``) or
-    counted in one extra, untimed call (``flops_counted``, ``bytes_counted``; the
-    precision that did most FLOPs in ``flops_dtype``; ops with arithmetic but no FLOP
-    formula in ``not_counted``). The device's peaks they are compared with, from
-    :mod:`gpumagic.peaks`: ``peak_flops`` for that precision (what it is, or why there
-    is none, in ``peak_flops_basis``), ``peak_bytes_per_s`` (the data sheet's, else
-    the one the hardware reports) and the data sheet's address in ``peak_source``;
-    :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and :attr:`roofline` follow from
-    them and the median time.
+    ``flops`` and ``bytes`` are the work per loop, given or counted in one extra,
+    untimed call; with the device's peaks (:mod:`gpumagic.peaks`) and the median time
+    they give :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and :attr:`roofline`.
 
     Times are in seconds. ``all_runs`` holds the total of each run (a run is a block of
     ``loops`` back-to-back calls of the body) on the primary clock: CUDA events on the
