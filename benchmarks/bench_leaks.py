@@ -159,9 +159,14 @@ def per_test(runs: list[dict[str, float]]) -> list[float]:
     return [t for run in runs for t in run.values()]
 
 
-def iqr_us(values: list[float]) -> str:
+def quartiles(values: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return f"{q[0] * 1e6:.0f} to {q[2] * 1e6:.0f}"
+    return q[0], q[2]
+
+
+def iqr_us(values: list[float]) -> str:
+    q1, q3 = quartiles(values)
+    return f"{q1 * 1e6:.0f} to {q3 * 1e6:.0f}"
 
 
 def main() -> None:
@@ -263,8 +268,11 @@ def main() -> None:
                 targets, options, plugins = configs[name]
                 times[name].append(run(targets, options, plugins))
 
+    def paired(name: str, anchor: str) -> list[float]:
+        return paired_overhead(times[name], times[anchor])
+
     def overhead(name: str, anchor: str) -> float:
-        return statistics.median(paired_overhead(times[name], times[anchor]))
+        return statistics.median(paired(name, anchor))
 
     medians = {name: statistics.median(per_test(runs)) for name, runs in times.items()}
     rows = [
@@ -298,6 +306,13 @@ def main() -> None:
         "median_per_test_us": {n: round(m * 1e6, 1) for n, m in medians.items()},
         "overhead_per_test_us": {
             name: round(overhead(name, anchor) * 1e6, 1) for name, _, anchor in rows
+        },
+        # The spread the overheads come with: the interquartile range of the paired
+        # differences (a cost smaller than it is noise, and the docs say so).
+        "overhead_iqr_us": {
+            name: [round(q * 1e6, 1) for q in quartiles(paired(name, anchor))]
+            for name, _, anchor in rows
+            if name != anchor
         },
         "trace_overhead_pct": round(100 * overhead("trace", "none") / medians["none"], 1),
         "check_overhead_pct": round(100 * overhead("check", "none") / medians["none"], 1),

@@ -36,5 +36,7 @@ html_css_files = ["gpumagic.css"]
 exclude_patterns = ["_build"]
 autodoc_typehints = "description"
 autodoc_mock_imports = ["torch", "pynvml", "line_profiler"]
+# Every public field, documented or not (the result dataclasses are read field by field).
+autodoc_default_options = {"undoc-members": True}
 intersphinx_mapping: dict[str, tuple[str, None]] = {}
 nitpicky = False

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one-call GPU check: on a GPU machine where torch is already installed, install the
-# project and the carried wheels without network, run the whole suite with GPU tests
-# required, execute the demo notebook, run the benchmarks asked for, and end with a
-# one-screen summary (also written to the log folder as summary.txt). Logs go to
-# $GPU_CHECK_LOGS (default: $OUT, else ./gpu-check-logs).
+# project and what it needs (below), run the whole suite with GPU tests required, execute
+# the demo notebook, run the benchmarks asked for, and end with a one-screen summary (also
+# written to the log folder as summary.txt). Logs go to $GPU_CHECK_LOGS (default: $OUT
+# where a job runner sets it, else ./gpu-check-logs).
 #
 #   bash scripts/gpu-check.sh                     # the whole suite and the notebook
 #   bash scripts/gpu-check.sh --quick             # the GPU-marked tests alone
@@ -18,8 +18,11 @@
 # separated by commas. GPU_CHECK_NOTEBOOK=1 executes the demo notebook also when tests are
 # named or with --quick (default: only in the full run). Extra pytest options:
 # GPU_CHECK_PYTEST_OPTS.
-# Before calling it from a machine without a GPU, `bash scripts/fetch-gpu-wheels.sh` puts
-# the wheels the GPU image lacks (IPython, line_profiler, build tools) in .whl/.
+# It installs, into $GPU_CHECK_SITE (default /tmp/gpumagic-site; first on PYTHONPATH; torch
+# is the one you have),
+# the project built from this tree and what pyproject.toml's dependencies and test extra
+# name besides torch, from the package index; or, on a machine without network, from the
+# wheels in .whl/ (`bash scripts/fetch-gpu-wheels.sh` fetches them elsewhere).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -48,14 +51,29 @@ marker=""
 if [ "$quick" = 1 ]; then marker="cuda and "; notebook_default=0; fi
 [ "$run_tests" = 1 ] || notebook_default=0
 
-site=/tmp/gpumagic-site
+# Everything is installed into $site, put first on PYTHONPATH; torch is the one you have.
+site=${GPU_CHECK_SITE:-/tmp/gpumagic-site}
 if [ -d .whl ]; then
+  # Wheels fetched beforehand (scripts/fetch-gpu-wheels.sh), for a machine without network.
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" .whl/*.whl || exit 1
+  index=(--no-index --find-links .whl)
+else
+  # From the package index: pyproject.toml's dependencies and test extra, torch aside.
+  mapfile -t needs < <("$py" - <<'PY'
+import tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+    if not requirement.startswith("torch"):
+        print(requirement)
+PY
+  )
+  "$py" -m pip install -q --no-compile --upgrade --target "$site" "${needs[@]}" || exit 1
+  index=()
 fi
-# The project itself, built from this tree with the carried setuptools (no network).
-"$py" -m pip install -q --no-index --find-links .whl --no-deps --no-compile --no-cache-dir \
-  --upgrade --target "$site" . || exit 1
+# The project itself, built from this tree.
+"$py" -m pip install -q "${index[@]}" --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$site" . || exit 1
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 
 {

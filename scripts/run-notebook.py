@@ -33,9 +33,23 @@ def main() -> int:
         "device": ", ".join(d.name for d in status.devices) or f"CPU ({status.reason})",
         "versions": status.summary(),
     }
+    stamp(book)
     nbformat.write(book, args.output)
     print(f"executed {args.notebook} -> {args.output} on {book.metadata['gpumagic']['device']}")
     return 0
+
+
+STAMP = "Outputs executed on "
+
+
+def stamp(book: nbformat.NotebookNode) -> None:
+    """Say on the page (the first cell) where and when the outputs were made, from the
+    notebook's ``gpumagic`` metadata; a stamp already there is replaced."""
+    info = book.metadata["gpumagic"]
+    line = f"{STAMP}{info['device']} ({info['versions']}), {info['executed']}."
+    first = book.cells[0]
+    kept = [part for part in first.source.split("\n\n") if not part.startswith(STAMP)]
+    first.source = "\n\n".join([*kept, line])
 
 
 if __name__ == "__main__":

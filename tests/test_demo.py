@@ -72,3 +72,16 @@ def test_demo_script_runs_end_to_end() -> None:
         assert f"%%gpumem In[4] · cuda:0 {device}" in result.stdout
     else:
         assert "[recorded on" not in result.stdout
+
+
+def test_the_docs_notebook_says_where_and_when_it_ran() -> None:
+    """The demo page shows its outputs' device and date (they were only in the
+    notebook's metadata; issue 29): ``scripts/run-notebook.py`` stamps its first cell."""
+    import json
+
+    book = json.loads((ROOT / "docs" / "demo-gpu.ipynb").read_text())
+    info = book["metadata"]["gpumagic"]
+    first = "".join(book["cells"][0]["source"])
+    assert f"Outputs executed on {info['device']} ({info['versions']}), {info['executed']}." in (
+        first
+    )

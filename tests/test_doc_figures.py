@@ -51,6 +51,9 @@ TYPED: list[tuple[re.Pattern[str], str]] = [
         "leaks.torch_ms",
     ),
     (re.compile(r"whole plugin[^%\n]{0,40}?" + NUMBER + r" ?%"), "plugin_overhead.whole_pct"),
+    (re.compile(r"kernels\s+take\s+(\d+) µs"), "timing.mm_kernel_us"),
+    (re.compile(r"timed at (\d+) µs by `%timeit"), "timing.mm_timeit_us"),
+    (re.compile(r"line_profiler charged (\d+(?:\.\d+)?) %"), "lprun.share_a_line_profiler_pct"),
 ]
 
 
@@ -229,6 +232,10 @@ def test_typed_figures_agree(bench: ModuleType) -> None:
             "plugin_overhead.whole_pct",
             "\u22120.58",
         ),
+        # issue 29: the README's figures had no result file.
+        ("a 4096³ bf16\nmatmul whose kernels take 170 µs is", "timing.mm_kernel_us", "170"),
+        ("is timed at 12 µs by `%timeit -n 100`", "timing.mm_timeit_us", "12"),
+        ("line_profiler charged 21.7 % of a", "lprun.share_a_line_profiler_pct", "21.7"),
     ],
 )
 def test_typed_patterns_find_the_issue_cases(text: str, key: str, value: str) -> None:

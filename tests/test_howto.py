@@ -160,6 +160,8 @@ def test_command_runs_as_written(page: str, command: str, tmp_path: Path) -> Non
         check=False,
     )
     output = result.stdout + result.stderr
+    # The reader's own files' output, for the page to quote (on the GPU check).
+    keep_transcript(f"howto_{page}_" + re.sub(r"\W+", "_", command).strip("_"), output)
     assert "INTERNALERROR" not in output, output
     assert "UsageError" not in output, output
     assert not re.search(r"^ERROR: ", output, re.MULTILINE), output

@@ -101,3 +101,30 @@ def test_make_test_oldest_pins_the_declared_floors() -> None:
     for name in ("pytest", "ipython", "line-profiler", "nvidia-ml-py", "pytest-xdist"):
         floor, pin = floors[name], pins[name]
         assert pin == floor or pin.startswith(floor + "."), (name, floor, pin)
+
+
+def test_metadata_says_what_the_package_is_for() -> None:
+    """PyPI's filters: a development status, the operating system, topics (issue 29)."""
+    import tomllib
+
+    classifiers = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["classifiers"]
+    for prefix in ("Development Status :: ", "Operating System :: ", "Topic :: "):
+        assert any(c.startswith(prefix) for c in classifiers), prefix
+
+
+def test_the_readme_states_the_declared_floors() -> None:
+    """The README's requirements sentence names the floors pyproject.toml declares (it
+    said line_profiler 5 where the floor is 5.1; issue 29)."""
+    import re
+    import tomllib
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = {d.split(">=")[0]: d.split(">=")[1].split(",")[0] for d in dependencies}
+    for name, shown in (
+        ("torch", "torch"),
+        ("ipython", "IPython"),
+        ("line_profiler", "line_profiler"),
+    ):
+        floor = re.sub(r"(\.0)+$", "", floors[name])
+        assert re.search(rf"\b{shown} {re.escape(floor)}\b(?!\.)", readme), (name, floor)

@@ -222,6 +222,21 @@ FIGURES: dict[str, Figure] = {
     "leaks.anchor_us": Figure(
         "leaks", _leak("median_per_test_us", "none"), "{:.0f} µs", "a clean test, no check"
     ),
+    "leaks.check_median_us": Figure(
+        "leaks",
+        _leak("median_per_test_us", "check"),
+        "{:.0f} µs",
+        "a clean test, --cuda-leak-check",
+    ),
+    "leaks.trace_minus_check_us": Figure(
+        "leaks",
+        lambda run: (
+            float(run.one()["overhead_per_test_us"]["trace"])
+            - float(run.one()["overhead_per_test_us"]["check"])
+        ),
+        "{:+.0f} µs",
+        "--cuda-leak-trace's cost minus --cuda-leak-check's",
+    ),
     "leaks.check_pct": Figure(
         "leaks", lambda run: float(run.one()["check_overhead_pct"]), "{:+.1f} %", "check"
     ),
@@ -521,7 +536,33 @@ FIGURES: dict[str, Figure] = {
     "timing.side_stream_x": Figure(
         "timing", lambda run: _timing(run, "side-stream", "gpumagic"), "{:.3f}", "side stream"
     ),
+    "timing.mm_kernel_us": Figure(
+        "timing",
+        lambda run: _timing(run, "bf16 mm", "cupti_warm_s") * 1e6,
+        "{:.0f} µs",
+        "bf16 mm 4096: CUPTI kernel time per call",
+    ),
+    "timing.mm_timeit_us": Figure(
+        "timing",
+        lambda run: _trials_median(run, "bf16 mm", "%timeit") * 1e6,
+        "{:.0f} µs",
+        "bf16 mm 4096: %timeit -n 100 -r 3 per call (median over trials)",
+    ),
+    "timing.slowest_default_s": Figure(
+        "timing",
+        lambda run: max(float(r["wall_max"]) for r in run.rows(kind="checks")),
+        "{:.2f} s",
+        "the slowest default %cudatime call (1 s budget) of any workload",
+    ),
 }
+
+
+def _trials_median(run: Run, workload: str, method: str) -> float:
+    return statistics.median(
+        float(r["seconds"])
+        for r in run.records
+        if "trial" in r and str(r["workload"]).startswith(workload) and r["method"] == method
+    )
 
 
 def figure(key: str, folder: Path = RESULTS) -> tuple[str, float, Run]:
@@ -558,11 +599,16 @@ def _table_leaks(run: Run) -> Table:
         ("torch none", "first 40 tests, no check (anchor)"),
         ("torch", "first 40 tests, PyTorch's `CudaMemoryLeakCheck`"),
     ]
-    rows = [
-        [label, f"{med[k]:,.0f}", "" if "none" in k else f"{over[k]:+,.1f}"]
-        for k, label in labels
-        if k in med
-    ]
+    spread = r.get("overhead_iqr_us", {})
+
+    def cost(k: str) -> str:
+        if "none" in k:
+            return ""
+        if k not in spread:  # runs before the spread was recorded
+            return f"{over[k]:+,.1f} (spread not recorded)"
+        return f"{over[k]:+,.1f} (IQR {spread[k][0]:+,.0f} to {spread[k][1]:+,.0f})"
+
+    rows = [[label, f"{med[k]:,.0f}", cost(k)] for k, label in labels if k in med]
     return ["configuration", "median per test (µs)", "overhead per test (µs)"], rows
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import linecache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cell_number",
+    "cell_syntax_error",
     "compile_source",
     "file_source",
     "parse_source",
@@ -44,15 +46,57 @@ def file_source(shell: InteractiveShell, source: str) -> str:
     return name
 
 
-def parse_source(shell: InteractiveShell, source: str, filename: str, offset: int) -> ast.Module:
+def parse_source(
+    shell: InteractiveShell, source: str, filename: str, offset: int, column: int = 0
+) -> ast.Module:
     """``source`` through the shell's input and AST transformers, its lines numbered
-    ``offset`` further (the body of a cell magic starts on the cell's second line)."""
+    ``offset`` further (the body of a cell magic starts on the cell's second line) and
+    its first line ``column`` characters to the right (a line magic's statement starts
+    after the magic's name and options). A ``SyntaxError`` points there too, so the
+    user sees their line and a caret under the error, as for a cell of their own."""
     any_shell: Any = shell
-    tree: ast.Module = any_shell.transform_ast(
-        any_shell.compile.ast_parse(any_shell.transform_cell(source), filename)
-    )
+    try:
+        parsed = any_shell.compile.ast_parse(any_shell.transform_cell(source), filename)
+    except SyntaxError as exc:
+        _move(exc, filename, offset, column)
+        raise
+    tree: ast.Module = any_shell.transform_ast(parsed)
+    if column:
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) == 1:
+                node.col_offset += column  # type: ignore[attr-defined]
+                if getattr(node, "end_lineno", None) == 1:
+                    node.end_col_offset += column  # type: ignore[attr-defined]
     ast.increment_lineno(tree, offset)
     return tree
+
+
+def _move(exc: SyntaxError, filename: str, offset: int, column: int) -> None:
+    """``exc``, found in a magic's body, placed in the cell as the user sees it."""
+    if exc.lineno is None:
+        return
+    if exc.lineno == 1 and exc.offset is not None:
+        exc.offset += column
+    if exc.end_lineno == 1 and exc.end_offset is not None:
+        exc.end_offset += column
+    exc.lineno += offset
+    if exc.end_lineno is not None:
+        exc.end_lineno += offset
+    exc.filename = filename
+    exc.text = linecache.getline(filename, exc.lineno) or exc.text
+
+
+def cell_syntax_error(exc: BaseException, shell: InteractiveShell) -> SyntaxError | None:
+    """``exc`` without its traceback, if it is a syntax error in a cell's own source
+    (found while compiling it, not raised by code the cell ran). Raised again from a
+    magic, IPython shows it as a cell's: the line and a caret, after only the frames
+    that called the magic."""
+    if not isinstance(exc, SyntaxError) or not isinstance(exc.filename, str):
+        return None
+    compiler: Any = shell.compile
+    if compiler.format_code_name(exc.filename) is None:
+        return None
+    return exc.with_traceback(None)
 
 
 def compile_source(
@@ -86,16 +130,21 @@ def run_cell_body(shell: InteractiveShell, source: str, filename: str, offset: i
 
 def show_from(exc: BaseException, filename: str, shell: InteractiveShell) -> None:
     """Make IPython show ``exc``'s traceback from the user's code (``filename``) on,
-    not through the magic's own frames. (IPython shows a ``SyntaxError`` its own way;
-    filed under the running cell's name, it names that cell.)"""
+    not through the magic's own frames; a ``KeyboardInterrupt`` that landed outside the
+    user's code is shown alone. (IPython shows a ``SyntaxError`` its own way: see
+    :func:`cell_syntax_error`.)"""
     tb: TracebackType | None = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
-    if tb is None:
-        return
+    if tb is None and not isinstance(exc, KeyboardInterrupt):
+        return  # our own error: shown whole
     start = tb
 
     def render() -> list[str]:
+        if start is None:  # Ctrl-C between the user's lines: where it landed is ours
+            formatter: Any = shell.InteractiveTB
+            only: list[str] = formatter.get_exception_only(type(exc), exc)
+            return only
         lines: list[str] = shell.InteractiveTB.structured_traceback(
             type(exc), exc, start, tb_offset=0
         )

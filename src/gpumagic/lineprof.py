@@ -242,8 +242,11 @@ class GpuLineProfiler(LineProfiler):
             finally:
                 record.wall_s += time.perf_counter() - started
 
-    def runctx(self, cmd: str, globals: dict[str, Any], locals: dict[str, Any]) -> GpuLineProfiler:
-        """Run ``cmd`` under :meth:`session` (line_profiler's ``runctx``)."""
+    def runctx(
+        self, cmd: str | CodeType, globals: dict[str, Any], locals: dict[str, Any]
+    ) -> GpuLineProfiler:
+        """Run ``cmd`` (source, or code compiled from it) under :meth:`session`
+        (line_profiler's ``runctx``)."""
         with self.session():
             exec(cmd, globals, locals)
         return self

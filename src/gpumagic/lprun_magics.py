@@ -4,12 +4,15 @@ GPU work it launched. Loading gpumagic replaces line_profiler's ``%lprun`` on pu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from gpumagic.cell_code import file_source, show_from
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -103,6 +106,9 @@ class LprunMagics(Magics):
                 _check_output_file(letter, raw)
         _check_statement(statement)
         output_unit = _output_unit(opts.get("u"))
+        # Filed under the running cell's name, so that its traceback shows its line.
+        filename = file_source(self.shell, statement)
+        code = compile(statement, filename, "exec")
         profiler = GpuLineProfiler(
             sync="no-sync" not in opts, gpu="gpu" in opts, memory="memory" in opts
         )
@@ -111,12 +117,13 @@ class LprunMagics(Magics):
         failure: BaseException | None = None
         try:
             with patched_builtins_profile(profiler):
-                profiler.runctx(statement, self.shell.user_global_ns, self.shell.user_ns)
+                profiler.runctx(code, self.shell.user_global_ns, self.shell.user_ns)
         except (SystemExit, KeyboardInterrupt) as exc:
             message = f"{type(exc).__name__} exception caught in code being profiled."
         except ProfilerBusy as exc:
             raise UsageError(str(exc)) from None
         except Exception as exc:  # shown with the profile, then raised to the user
+            show_from(exc, filename, self.shell)
             failure = exc
         finally:
             profiler.restore_code()
@@ -210,8 +217,10 @@ def _output_unit(values: list[str] | None) -> float | None:
         raise UsageError(
             f"-u takes the time unit in seconds, e.g. -u 1e-3; got {values[-1]!r}"
         ) from None
-    if unit <= 0:
-        raise UsageError(f"-u takes a positive time unit in seconds; got {values[-1]!r}")
+    if not (unit > 0 and math.isfinite(unit)):
+        raise UsageError(
+            f"-u takes a positive time unit in seconds, e.g. -u 1e-3; got {values[-1]!r}"
+        )
     return unit
 
 

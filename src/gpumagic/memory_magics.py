@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text
-from gpumagic.cell_code import cell_number, file_source, run_cell_body
+from gpumagic.cell_code import cell_number, cell_syntax_error, file_source, run_cell_body
 from gpumagic.devices import DeviceSpec, DeviceSpecError, parse_device_spec, pick_devices
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 from gpumagic.stacks import FrameFilter
@@ -157,7 +157,13 @@ class GpuMemMagics(Magics):
         _device_spec(args.device)  # checked with or without a GPU
         if cell is None:
             return self._line(args)
-        return self._cell(args, cell)
+        try:
+            return self._cell(args, cell)
+        except SyntaxError as exc:
+            shown = cell_syntax_error(exc, self._shell)
+            if shown is None:
+                raise
+            raise shown from None  # the user's line and caret
 
     # -- %gpumem ---------------------------------------------------------------
 

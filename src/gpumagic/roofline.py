@@ -28,10 +28,15 @@ class Roofline:
     """One body on one device's roofline: work per loop, time per loop and the peaks
     (``None`` where unknown)."""
 
+    #: FLOPs per loop.
     flops: float
+    #: Bytes read and written per loop.
     bytes: float
+    #: Seconds per loop.
     seconds: float
+    #: The device's peak FLOP/s for the body's precision, if known.
     peak_flops: float | None
+    #: The device's DRAM bandwidth in bytes per second, if known.
     bandwidth: float | None
 
     @property
@@ -71,7 +76,7 @@ class Roofline:
         intensity = f"{_number(self.intensity)} FLOP/B"
         ridge = self.ridge
         if ridge is None or self.peak_flops is None or self.bandwidth is None:
-            return ("intensity", intensity, "FLOP per byte read and written; no peaks to compare")
+            return ("intensity", intensity, "FLOP per byte moved; no peaks to compare")
         side = "above" if self.intensity >= ridge else "below"
         detail = (
             f"{intensity}, {side} the ridge at {_number(ridge)} FLOP/B "

@@ -25,10 +25,9 @@ NOT_COUNTED_SHOWN = 8  # op names shown in the note; the rest are in result.not_
 
 #: The note ``%%cudatime`` adds when a cell with setup code was counted.
 SETUP_NOTE = (
-    "The FLOPs and bytes come from one more call of the body after the timed runs, "
-    "without the setup running again: if the body changes the state the setup made, "
-    "or draws random numbers, that call may differ from the timed ones; --no-count "
-    "skips it (give --flops and --bytes instead)."
+    "FLOPs and bytes come from one more call after the runs, without the setup: a body "
+    "that changes the setup's state or draws random numbers may count differently; "
+    "--no-count skips it (or give --flops and --bytes)."
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import itertools
+import keyword
 import time
 import tokenize
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,11 @@ display: Callable[..., None] = _display.display
 class CudaTimeMagics(Magics):
     """Holds ``%cudatime``."""
 
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        # A note shown once in this session is not shown again: a user times many cells.
+        self._notes_shown: set[str] = set()
+
     @no_var_expand
     @magic_arguments()
     @argument(
@@ -98,7 +104,8 @@ class CudaTimeMagics(Magics):
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="time for warm-up and runs (default: 1)",
+        help="time for warm-up and runs, after the first call (default: 1); at least 3 "
+        "runs are made, however long",
     )
     @argument(
         "-p",
@@ -192,8 +199,8 @@ class CudaTimeMagics(Magics):
         FLOPs (torch's FlopCounterMode) and the bytes each op reads and writes, for
         FLOP/s, B/s, % of the device's peak and a roofline verdict (--no-count skips
         it; --flops and --bytes set the figures instead). Without a GPU it times on
-        the host like %timeit and says so. Names assigned in the body stay local to
-        it, as with %timeit.
+        the host like %timeit and says so. A note already shown in this session is not
+        shown again. Names assigned in the body stay local to it, as with %timeit.
 
         Examples::
 
@@ -203,17 +210,18 @@ class CudaTimeMagics(Magics):
           y = x * 2
           total = y.sum().item()
         """
-        args, rest = _parse(getattr(self.cudatime, "parser"), line)  # noqa: B009
+        args, rest, start = _parse(getattr(self.cudatime, "parser"), line)  # noqa: B009
         options = _options(args)
+        # Where the setup and body sit in the cell as registered below: (line, column).
         if cell is None:
-            setup, body, offset = "", rest, 0
+            setup, body, where = "", rest, (0, len("%cudatime ") + start)
             cached = f"%cudatime {line}"
         else:
-            setup, body, offset = rest, cell, 1
+            setup, body, where = rest, cell, (1, 0)
             cached = f"%%cudatime {line}\n{cell}"
         if not body.strip():
-            where = "a statement after the options" if cell is None else "a cell body"
-            raise UsageError(f"%cudatime: nothing to time; give it {where}")
+            what = "a statement after the options" if cell is None else "a cell body"
+            raise UsageError(f"%cudatime: nothing to time; give it {what}")
         shell = self.shell
         assert shell is not None
         try:
@@ -223,17 +231,16 @@ class CudaTimeMagics(Magics):
         filename = file_source(shell, cached)
         t0 = time.perf_counter()
         scope = local_ns if cell is None and local_ns is not shell.user_ns else None
-        run = self._compile(body, filename, offset, scope)
+        try:
+            setup_code = self._code(setup, filename, (0, len("%%cudatime ") + start))
+            run = self._compile(body, filename, where, scope)
+        except SyntaxError as exc:
+            raise exc.with_traceback(None) from None  # the user's line and caret
         compile_time = time.perf_counter() - t0
         try:
             with device_scope(options):
-                if setup.strip():
-                    exec(self._code(setup, filename, 0), shell.user_ns)
+                exec(setup_code, shell.user_ns)
                 wait_for_setup()
-        except Exception as exc:
-            show_from(exc, filename, shell)
-            raise
-        try:
             result = time_cuda(
                 run,
                 options,
@@ -241,28 +248,30 @@ class CudaTimeMagics(Magics):
                 code_files=(filename,),
                 compile_time=compile_time,
             )
-        except Exception as exc:
+        except BaseException as exc:  # Ctrl-C too: shown from the user's code on
             show_from(exc, filename, shell)
             raise
         if setup.strip() and (result.flops_counted or result.bytes_counted):
             result.notes.append(SETUP_NOTE)
         if not args.quiet:
+            result.notes = [n for n in result.notes if n not in self._notes_shown]
+            self._notes_shown.update(result.notes)
             display(result)
         if args.variable:
             shell.user_ns[args.variable] = result
         return result if args.output else None
 
-    def _code(self, source: str, filename: str, offset: int) -> CodeType:
+    def _code(self, source: str, filename: str, where: tuple[int, int]) -> CodeType:
         assert self.shell is not None
-        tree = parse_source(self.shell, source, filename, offset)
+        tree = parse_source(self.shell, source, filename, *where)
         return compile_source(self.shell, tree, filename, "exec")
 
     def _compile(
-        self, body: str, filename: str, offset: int, local_ns: dict[str, Any] | None
+        self, body: str, filename: str, where: tuple[int, int], local_ns: dict[str, Any] | None
     ) -> Body:
         """The body as ``run(n)``: one function, its loop inside (as %timeit's template)."""
         shell: Any = self.shell
-        tree = parse_source(shell, body, filename, offset)
+        tree = parse_source(shell, body, filename, *where)
         # Compile it alone first: code that is invalid at module level (`return`, `yield`)
         # must not become valid inside the template function (ipython/ipython#10636).
         compile_source(shell, tree, filename, "exec")
@@ -286,8 +295,9 @@ class CudaTimeMagics(Magics):
         return run
 
 
-def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespace, str]:
-    """Options up to the first token that is not one; the rest of the line verbatim."""
+def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespace, str, int]:
+    """Options up to the first token that is not one; the rest of the line verbatim,
+    and where in ``line`` it starts."""
     takes_value = {
         option: action.nargs != 0 for action in parser._actions for option in action.option_strings
     }
@@ -325,7 +335,8 @@ def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespa
         argv.append(token)
         expect_value = takes_value[name] and token == name
     args = parser.parse_args(argv)  # MagicArgumentParser raises UsageError
-    return args, line[position:].strip()
+    rest = line[position:]
+    return args, rest.strip(), position + len(rest) - len(rest.lstrip())
 
 
 def _token(line: str, start: int) -> tuple[str, int]:
@@ -362,8 +373,12 @@ def _options(args: argparse.Namespace) -> TimingOptions:
             raise UsageError(str(exc)) from None
         host_only = spec.cpu
         device = None if spec.indices is None else spec.indices[0]
-    if args.variable is not None and not args.variable.isidentifier():
-        raise UsageError(f"%cudatime: -v {args.variable!r} is not a variable name")
+    if args.variable is not None and (
+        not args.variable.isidentifier() or keyword.iskeyword(args.variable)
+    ):
+        raise UsageError(
+            f"%cudatime: -v {args.variable!r} is not a variable name; give a name such as -v result"
+        )
     try:
         return TimingOptions(
             loops=args.loops or None,  # -n 0: choose, as %timeit does

@@ -9,6 +9,7 @@ returns its decision, so each rule is tested on numbers alone.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from gpumagic.timing_result import CudaTimeResult
 
 __all__ = [
+    "FEWEST_RUNS",
     "MIN_RUNS",
     "Body",
     "Run",
@@ -42,12 +44,15 @@ MIN_COLD_RUNS = 15  # single cold calls vary more: more of them before the noise
 DRIFT = 0.05  # warn when the first run was this much faster than the later ones
 FEWEST_RUNS = 3  # runs measured even when the budget is spent
 NOISE_TARGET = 0.01  # stop when IQR / median of the runs is below this
+NOISE_CHECKS = 100  # runs after which the spread is checked every run; then less often
 COLD_NOISE_TARGET = 0.02  # single cold calls vary more
 NOISY = 0.10  # warn above this relative IQR (torch.utils.benchmark uses 10 %)
 FLOOR_FACTOR = 5  # warn when the result is within this many timing floors
 FIRST_CALL_FACTOR = FIRST_CALL_WARNING  # warn when the first call took this many times longer
 GRAPH_REPLAY_TARGET = 2e-3  # GPU seconds per graph replay, for the unroll factor
 GRAPH_MAX_UNROLL = 256
+MAX_COUNT = sys.maxsize  # loops, runs and warm-up calls Python can count in one loop
+MAX_PRECISION = 17  # significant digits a float holds
 CUDA_OPTIONS = ("cold", "graph", "kernels", "validate", "sync_check")
 
 
@@ -61,27 +66,49 @@ class Body(Protocol):
 class TimingOptions:
     """What ``%cudatime``'s options ask for. ``ValueError`` names a bad value."""
 
+    #: Calls of the body per run (``-n``); ``None``: sized to the budget.
     loops: int | None = None
+    #: Runs (``-r``); ``None``: until the spread is small or the budget is spent.
     repeat: int | None = None
+    #: Warm-up calls (``-w``); ``None``: until two batches agree within 10 %.
     warmup: int | None = None
+    #: Seconds for warm-up and runs, after the first call (``--budget``).
     budget: float = 1.0
+    #: Significant digits shown (``-p``).
     precision: int = 3
+    #: Flush the L2 cache before each call and time single calls (``--cold``).
     cold: bool = False
+    #: Capture the body in a CUDA graph and time its replays (``--graph``).
     graph: bool = False
+    #: CUPTI kernel time, busy fraction and verdict (``--kernels``).
     kernels: bool = False
+    #: Also compare the events with CUPTI for the same loops (``--validate``).
     validate: bool = False
+    #: Count and place the body's host synchronizations (``--sync-check``).
     sync_check: bool = False
+    #: The GPU to time on (``--device N``); ``None``: the current device.
     device: int | None = None
+    #: Time on the host even with a GPU (``--device cpu``).
     host_only: bool = False
+    #: FLOPs per loop (``--flops``); ``None``: counted.
     flops: float | None = None
+    #: Bytes moved per loop (``--bytes``); ``None``: counted.
     bytes: float | None = None
+    #: Whether to count FLOPs and bytes in one more call (``--no-count``: no).
     count: bool = True
 
     def __post_init__(self) -> None:
-        for name, low in (("loops", 1), ("repeat", 1), ("warmup", 0), ("precision", 1)):
+        for name, low, high in (
+            ("loops", 1, MAX_COUNT),
+            ("repeat", 1, MAX_COUNT),
+            ("warmup", 0, MAX_COUNT),
+            ("precision", 1, MAX_PRECISION),
+        ):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be at least {low}, got {value}")
+            if value is not None and value > high:
+                raise ValueError(f"{name} must be at most {high:,}, got {value:,}")
         if not (self.budget > 0 and math.isfinite(self.budget)):
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget}")
         for name in ("flops", "bytes"):
@@ -103,12 +130,17 @@ class TimingOptions:
 class Run:
     """One run: ``loops`` calls; times in seconds for the whole run."""
 
+    #: Calls of the body in this run.
     loops: int
+    #: GPU seconds of the run from CUDA events (``nan`` on the host).
     gpu: float
+    #: Host wall seconds of the run, devices synchronized.
     host: float
+    #: Host seconds until the last call returned (launching, for GPU work).
     enqueue: float
     # Host seconds from the timed streams' end (polled, so no wake-up latency) to the
     # devices' idle: other streams' work the timed streams did not wait for.
+    #: Host seconds from the timed streams' end to the devices' idle.
     tail: float = 0.0
 
     @property
@@ -167,13 +199,21 @@ def enough_runs(
     done; or enough runs with a relative IQR under the noise target; or the next run
     (taking ``next_run`` seconds from ``now``) would end after the ``deadline`` and the
     fewest runs are in."""
+    count = len(values)
     if options.repeat is not None:
-        return len(values) >= options.repeat
+        return count >= options.repeat
+    if count >= FEWEST_RUNS and now + next_run > deadline:
+        return True
     noise = COLD_NOISE_TARGET if options.cold else NOISE_TARGET
     fewest = MIN_COLD_RUNS if options.cold else MIN_RUNS
-    if len(values) >= fewest and rel_iqr(values) <= noise:
-        return True
-    return len(values) >= FEWEST_RUNS and now + next_run > deadline
+    return count >= fewest and _noise_due(count) and rel_iqr(values) <= noise
+
+
+def _noise_due(count: int) -> bool:
+    """Whether to compute the spread after ``count`` runs: after each of the first
+    ``NOISE_CHECKS``, then every ``count // NOISE_CHECKS`` runs, so that many short runs
+    (``-n 1``) cost O(n log n) in all, not a sort of every run so far after each one."""
+    return count <= NOISE_CHECKS or count % (count // NOISE_CHECKS) == 0
 
 
 def side_work(runs: Sequence[Run], baseline_tail: float) -> list[float] | None:

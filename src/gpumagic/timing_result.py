@@ -36,9 +36,17 @@ __all__ = [
 
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
+NBSP = "\u00a0"  # no-break space: textwrap does not break at it
 
 #: First call / steady state above which the engine warns about the first call.
 FIRST_CALL_WARNING = 10
+
+
+def _wrap(text: str, **options: Any) -> list[str]:
+    """``textwrap.wrap``, never breaking a number from its ``%``."""
+    return [
+        line.replace(NBSP, " ") for line in textwrap.wrap(text.replace(" %", NBSP + "%"), **options)
+    ]
 
 
 def _percent(value: float) -> str:
@@ -49,8 +57,11 @@ def _percent(value: float) -> str:
 class KernelStat:
     """One GPU kernel (or copy/memset) as CUPTI saw it, per loop of the body."""
 
+    #: The kernel's name as CUPTI reports it (demangled).
     name: str
+    #: Launches per loop of the body.
     calls_per_loop: float
+    #: GPU seconds per loop, summed over its launches.
     time_per_loop: float
 
 
@@ -58,9 +69,13 @@ class KernelStat:
 class SyncSite:
     """A host synchronization the body triggered (found by ``--sync-check``)."""
 
+    #: The torch op that made the host wait (``aten::item``, ``aten::nonzero``...).
     op: str
+    #: Where it was called: ``line N`` of the body, else ``file.py:N``.
     where: str
+    #: That line's source.
     code: str
+    #: How many times per loop of the body it synchronized.
     per_loop: float
 
 
@@ -68,15 +83,9 @@ class SyncSite:
 class CudaTimeResult:
     """The outcome of one ``%cudatime`` run.
 
-    ``flops`` and ``bytes`` are the work per loop: given (``--flops``, ``--bytes``) or
-    counted in one extra, untimed call (``flops_counted``, ``bytes_counted``; the
-    precision that did most FLOPs in ``flops_dtype``; ops with arithmetic but no FLOP
-    formula in ``not_counted``). The device's peaks they are compared with, from
-    :mod:`gpumagic.peaks`: ``peak_flops`` for that precision (what it is, or why there
-    is none, in ``peak_flops_basis``), ``peak_bytes_per_s`` (the data sheet's, else
-    the one the hardware reports) and the data sheet's address in ``peak_source``;
-    :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and :attr:`roofline` follow from
-    them and the median time.
+    ``flops`` and ``bytes`` are the work per loop, given or counted in one extra,
+    untimed call; with the device's peaks (:mod:`gpumagic.peaks`) and the median time
+    they give :attr:`tflops`, :attr:`gbps`, :attr:`intensity` and :attr:`roofline`.
 
     Times are in seconds. ``all_runs`` holds the total of each run (a run is a block of
     ``loops`` back-to-back calls of the body) on the primary clock: CUDA events on the
@@ -85,45 +94,94 @@ class CudaTimeResult:
     wall time of the same runs, device synchronized: what the user waits for.
     """
 
+    #: Calls of the body per run (``-n``, or sized to the budget).
     loops: int
+    #: Runs measured (``-r``, or until the spread or the budget stopped them).
     repeat: int
+    #: Seconds of each whole run on the primary clock (see :attr:`clock`).
     all_runs: list[float]
+    #: Host wall seconds of each whole run, device synchronized.
     host_runs: list[float]
+    #: ``"gpu"`` (CUDA events) or ``"host"`` (``time.perf_counter``: no GPU, ``--device
+    #: cpu``, or a body that launched no GPU work).
     clock: str = "gpu"
+    #: ``"eager"``, ``"graph"`` (``--graph`` replays), ``"cold"`` or ``"cold graph"``
+    #: (``--cold``).
     mode: str = "eager"
+    #: Seconds to compile the cell's code into the timed function.
     compile_time: float = 0.0
+    #: Host wall seconds of the first call, devices synchronized (kept out of every other
+    #: figure); ``None`` when not measured.
     first_call: float | None = None
+    #: The body's first line of code, as the output's title.
     label: str = ""
+    #: The timed GPU's name; ``None`` on the host.
     device_name: str | None = None
+    #: The timed GPU's index (``--device``, else the current device).
     device_index: int | None = None
+    #: Every device synchronized around each run (those with a CUDA context).
     devices: list[int] = field(default_factory=list)
+    #: ``torch.__version__``, or ``None`` without torch.
     torch_version: str | None = None
+    #: The CUDA version torch was built with, or ``None``.
     cuda_version: str | None = None
+    #: ``--kernels``/``--validate``: GPU seconds per loop that CUPTI recorded, the
+    #: durations of the body's kernels, copies and memsets summed; ``None`` without them.
     kernel_time: float | None = None
+    #: ``--kernels``: seconds per loop from the first kernel's start to the last one's end,
+    #: gaps included.
     kernel_span: float | None = None
+    #: ``--kernels``: each kernel, per loop, as :class:`KernelStat`.
     kernels: list[KernelStat] = field(default_factory=list)
+    #: Loops the profiled run had (0 without ``--kernels``).
     kernel_loops: int = 0
+    #: :attr:`kernel_time` over the host wall time of the same loops: how busy the GPU was.
     busy_fraction: float | None = None
+    #: One line such as ``"GPU-bound: GPU busy 97 % of wall time"``; empty when nothing was
+    #: decided.
     verdict: str = ""
+    #: ``--validate``: events time over CUPTI kernel time for the same loops.
     cupti_ratio: float | None = None
+    #: ``--validate``: the CUDA-event seconds per loop of those loops.
     cupti_events_time: float | None = None
+    #: ``--sync-check``: host synchronizations per loop; ``None`` without it.
     syncs_per_loop: float | None = None
+    #: ``--sync-check``: where they happened, as :class:`SyncSite`.
     sync_sites: list[SyncSite] = field(default_factory=list)
+    #: FLOPs per loop: given (``--flops``) or counted; ``None`` when unknown.
     flops: float | None = None
+    #: Bytes read and written per loop: given (``--bytes``) or counted (a lower bound);
+    #: ``None`` when unknown.
     bytes: float | None = None
+    #: The device's peak FLOP/s for :attr:`flops_dtype`, if known.
     peak_flops: float | None = None
+    #: What :attr:`peak_flops` is (``fp32 peak (CUDA cores)``...), or why there is none.
     peak_flops_basis: str = ""
+    #: The device's DRAM bandwidth: the data sheet's, else what the hardware reports.
     peak_bytes_per_s: float | None = None
+    #: The data sheet the peaks come from (an address), if any.
     peak_source: str = ""
+    #: Whether :attr:`flops` was counted (not given).
     flops_counted: bool = False
+    #: Whether :attr:`bytes` was counted (not given).
     bytes_counted: bool = False
+    #: The precision that did most of the counted FLOPs (``fp32``, ``bf16``...).
     flops_dtype: str = ""
+    #: Ops that do arithmetic but have no FLOP formula in torch's counter.
     not_counted: list[str] = field(default_factory=list)
+    #: Seconds per loop that an empty run measures on this clock: times near it are
+    #: overhead.
     floor: float | None = None
+    #: Whether the GPU time runs to the devices' idle because the body left work on other
+    #: streams.
     side_streams: bool = False
+    #: Whether Ctrl-C ended the measurement early (the runs so far are kept).
     interrupted: bool = False
+    #: What may make the numbers misleading, one sentence each (``!`` lines).
     warnings: list[str] = field(default_factory=list)
+    #: How the numbers were made, one sentence each (``·`` lines).
     notes: list[str] = field(default_factory=list)
+    #: Significant digits shown (``-p``).
     precision: int = 3
 
     # -- IPython TimeitResult compatibility ------------------------------------------
@@ -348,15 +406,13 @@ class CudaTimeResult:
         lines = [f"%cudatime  {self.label}".rstrip() + f"    [{self._header()}]"]
         for name, value, detail in self.rows():
             head = f"  {name:<12} {value:<20} "
-            parts = textwrap.wrap(detail, width=max(20, 80 - len(head))) or [""]
+            parts = _wrap(detail, width=max(20, 80 - len(head))) or [""]
             lines.append((head + parts[0]).rstrip())
             lines.extend(" " * len(head) + part for part in parts[1:])
         for mark, texts in (("!", self.warnings), ("·", self.notes)):
             for text in texts:
                 lines.extend(
-                    textwrap.wrap(
-                        text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    "
-                    )
+                    _wrap(text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    ")
                 )
         return "\n".join(lines)
 
@@ -434,12 +490,20 @@ class CudaTimeResult:
 class ComparisonRow:
     """One result in a :class:`Comparison`."""
 
+    #: The result's ``labels=`` entry, else its label, else ``#i``.
     label: str
+    #: Median seconds per loop.
     median: float
+    #: First quartile, seconds per loop.
     q1: float
+    #: Third quartile, seconds per loop.
     q3: float
+    #: ``"gpu"`` or ``"host"``.
     clock: str
+    #: The baseline's median over this one's (above 1: faster).
     speedup: float
+    #: ``"baseline"``, ``"SAME"``, ``"FASTER"`` or ``"SLOWER"`` (with `` (other clock)``
+    #: when the clocks differ).
     status: str
 
 
@@ -448,7 +512,9 @@ class Comparison:
     """Results side by side: the first is the baseline; the others are SAME, FASTER or
     SLOWER depending on whether their interquartile ranges overlap the baseline's."""
 
+    #: One row per result, the baseline first.
     rows: list[ComparisonRow]
+    #: Significant digits shown.
     precision: int = 3
 
     def _cells(self) -> list[list[str]]:

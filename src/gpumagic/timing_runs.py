@@ -10,8 +10,10 @@ sizing, stopping and warnings are :mod:`gpumagic.timing_plan`'s. CUDA only throu
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import linecache
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,6 +23,7 @@ from gpumagic.gc_pause import paused_gc
 from gpumagic.stacks import FrameFilter
 from gpumagic.timing_counts import count_work, set_peaks
 from gpumagic.timing_plan import (
+    FEWEST_RUNS,
     MIN_RUNS,
     Body,
     Run,
@@ -117,21 +120,32 @@ class Timer:
 
     def host_only(self, why: str) -> Measured:
         """Time on the host (``--device cpu``, or no GPU here: ``why``)."""
-        self._cuda_options_ignored(why)
+        self._cuda_options_ignored()
         self.report.notes.append(f"Timed on the host like %timeit ({why}).")
         return self._host(first_call=None)
 
-    def _cuda_options_ignored(self, why: str) -> None:
-        for flag in self.options.cuda_only():
-            self.report.warnings.append(f"{flag} needs CUDA ({why}): not used")
+    def _cuda_options_ignored(self) -> None:
+        """One warning for the options that need CUDA (the note that follows says why)."""
+        flags = self.options.cuda_only()
+        if flags:
+            named = flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " and " + flags[-1]
+            self.report.warnings.append(
+                f"{named} {'needs' if len(flags) == 1 else 'need'} CUDA: not used"
+            )
 
     # -- host timing ------------------------------------------------------------------
     def _host_run(self, n: int) -> Run:
-        with paused_gc():
+        # paused_gc, written out: this runs once per run, 200000 times for -r 200000.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
             t0 = self.clock()
             self.call(n)
             elapsed = self.clock() - t0
-        return Run(n, float("nan"), elapsed, elapsed)
+        finally:
+            if enabled:
+                gc.enable()
+        return Run(n, math.nan, elapsed, elapsed)
 
     def _host(self, first_call: float | None) -> Measured:
         if first_call is None:
@@ -152,12 +166,9 @@ class Timer:
         return Measured(result, runs)
 
     def _host_floor(self) -> float:
-        times = []
-        for _ in range(5):
-            t0 = self.clock()
-            self.clock()
-            times.append(self.clock() - t0)
-        return quantile(times, 0.5)
+        """What a run of no loops takes: the clock reads and the calls that reach the
+        body (of no loops, so none of its code runs)."""
+        return quantile([self._host_run(0).host for _ in range(5)], 0.5)
 
     # -- GPU timing -------------------------------------------------------------------
     def gpu(self) -> Measured:
@@ -167,7 +178,7 @@ class Timer:
         self.call(1)
         if not cuda.is_initialized():
             first_call = self.clock() - t0
-            self._cuda_options_ignored("the body launched no GPU work")
+            self._cuda_options_ignored()
             self.report.notes.append(
                 "The body never initialised CUDA, so it launched no GPU work (CPU tensors?): "
                 "timed on the host like %timeit."
@@ -302,6 +313,7 @@ class Timer:
         """
         options = self.options
         runs: list[Run] = []
+        values: list[float] = []  # the runs' primary clock, grown with them (not rebuilt)
         deadline = self.began + options.budget
         target = block_target(options.budget)
         resizes = MAX_RESIZES if fixed or options.loops is not None else 0
@@ -309,16 +321,17 @@ class Timer:
         try:
             while True:
                 run = measure(loops)
-                per = run.per_loop
-                off = run.host < target / 4 or (run.host > 4 * target and loops > unroll)
-                if resizes < MAX_RESIZES and off and per > 0:
+                # A resize starts the runs over: only while the fewest runs still fit.
+                room = self.clock() + FEWEST_RUNS * target <= deadline
+                if resizes < MAX_RESIZES and room and self._off_target(run, target, unroll):
                     resizes += 1
-                    loops = max(unroll, round(target / per / unroll) * unroll)
+                    loops = max(unroll, round(target / run.per_loop / unroll) * unroll)
                     runs.clear()
+                    values.clear()
                     kept_since = self.clock()
                     continue
                 runs.append(run)
-                values = [r.gpu if primary == "gpu" else r.host for r in runs]
+                values.append(run.gpu if primary == "gpu" else run.host)
                 if enough_runs(
                     options, values, now=self.clock(), next_run=run.host, deadline=deadline
                 ):
@@ -335,6 +348,13 @@ class Timer:
                 f"{format_time(quantile([r.host for r in runs], 0.5))}."
             )
         return runs
+
+    @staticmethod
+    def _off_target(run: Run, target: float, unroll: int) -> bool:
+        """Whether ``run`` is far from the target length (and can be resized)."""
+        if not run.per_loop > 0:
+            return False
+        return run.host < target / 4 or (run.host > 4 * target and run.loops > unroll)
 
     # -- CUDA graphs --------------------------------------------------------------------
     def _capture(self, per_loop: float) -> tuple[Body, int] | None:

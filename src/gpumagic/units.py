@@ -120,6 +120,7 @@ def format_time(seconds: float | None, precision: int = 3) -> str:
         return "n/a"
     if seconds == 0:
         return "0 s"
+    seconds = float(f"{seconds:.{precision}g}")  # 999.9 ns rounds to 1 µs, not "1e+03 ns"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if abs(seconds) >= scale:
             return f"{seconds / scale:.{precision}g} {unit}"

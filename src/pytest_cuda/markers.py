@@ -21,6 +21,7 @@ __all__ = [
     "CudaRequirement",
     "MarkerError",
     "check_keywords",
+    "check_no_arguments",
     "merge_requirements",
     "parse_cuda_marker",
     "unmet_reason",
@@ -82,6 +83,14 @@ def check_keywords(
         raise ValueError(
             f"unknown keyword {', '.join(repr(k) for k in unknown)}; known: {', '.join(known)}"
         )
+
+
+def check_no_arguments(args: Sequence[object], kwargs: Mapping[str, object]) -> None:
+    """A marker that takes no argument (``cuda_sync``, ``cuda_no_sync``):
+    :class:`ValueError` names what was given."""
+    given = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    if given:
+        raise ValueError(f"takes no arguments, got {', '.join(given)}")
 
 
 def parse_cuda_marker(args: Sequence[object], kwargs: Mapping[str, object]) -> CudaRequirement:

@@ -31,6 +31,7 @@ from pytest_cuda.continuation import (
     child_argv_for,
     report_from_data,
 )
+from pytest_cuda.markers import check_no_arguments
 from pytest_cuda.poison import (
     ChildRun,
     Culprit,
@@ -72,6 +73,18 @@ class SyncModes:
     def __init__(self, config: pytest.Config, *, per_op_all: bool) -> None:
         self.config = config
         self.per_op_all = per_op_all
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """A marker given arguments it would ignore is an error, not a silent no-op."""
+        for name in ("cuda_sync", "cuda_no_sync"):
+            for mark in item.iter_markers(name):
+                try:
+                    check_no_arguments(mark.args, mark.kwargs)
+                except ValueError as exc:
+                    pytest.fail(
+                        f"malformed @pytest.mark.{name} on {item.nodeid}: {exc}", pytrace=False
+                    )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:

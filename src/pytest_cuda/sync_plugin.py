@@ -27,6 +27,7 @@ they have work (a sync mode asked for, a CUDA library imported, an option given)
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -116,6 +117,8 @@ def _restore_env(name: str, value: str | None) -> None:
 # ---------------------------------------------------------------------------
 # Configuration: check the options, register what is switched on.
 
+XDIST_STOPS = "3.6.1"  # the first pytest-xdist whose workers honour session.shouldstop
+
 
 def pytest_configure(config: pytest.Config) -> None:
     options = _options(config)
@@ -169,12 +172,29 @@ def _options(config: pytest.Config) -> DebugOptions:
                 "where --pdb/--trace cannot reach them: use --cuda-on-poison=stop or skip."
             )
         on_poison, downgraded = "stop", "stop (continue is not possible under --pdb/--trace)"
+    if on_poison == "stop" and _is_xdist_controller(config):
+        _check_xdist_stops()
     action = cast("Action", on_poison)
     if resume is not None:
         action = "stop-child"
     elif hasattr(config, "workerinput") and on_poison == "continue":
         action = "replace-worker"
     return DebugOptions(sync, on_poison, rerun_blocking, action, resume, rerun, downgraded)
+
+
+def _check_xdist_stops() -> None:
+    """``--cuda-on-poison=stop`` under ``-n`` sets ``session.shouldstop`` in a worker,
+    which pytest-xdist acts on from 3.6.1 (pytest-dev/pytest-xdist#1024); before, the
+    workers ran on in the poisoned process."""
+    from packaging.version import Version
+
+    installed = str(getattr(importlib.import_module("xdist"), "__version__", "0"))
+    if Version(installed) < Version(XDIST_STOPS):
+        raise pytest.UsageError(
+            f"--cuda-on-poison=stop under pytest-xdist needs pytest-xdist {XDIST_STOPS} or "
+            f"later (earlier workers do not stop the run); {installed} is installed: "
+            f"upgrade it (pip install 'pytest-xdist>={XDIST_STOPS}') or run without -n"
+        )
 
 
 def _asked_for_checks(config: pytest.Config, options: DebugOptions) -> bool:

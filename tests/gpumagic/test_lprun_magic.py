@@ -323,6 +323,8 @@ def test_a_file_function_and_a_cell_function_in_one_run_both_show_their_lines(
         ("%lprun -m no_such_module_xyz 1", "Could not find module no_such_module_xyz"),
         ("%lprun -u abc 1", "-u takes the time unit in seconds"),
         ("%lprun -u -1 1", "positive time unit"),
+        ("%lprun -u nan 1", "positive time unit in seconds, e.g. -u 1e-3; got 'nan'"),
+        ("%lprun -u inf 1", "positive time unit in seconds, e.g. -u 1e-3; got 'inf'"),
         ("%lprun -f len", "needs a statement to run"),
         ("%lprun --colour 1", "option --colour not recognized"),
         ("%lprun -f 42 len([])", "-f 42: 'int' objects are not code to profile"),
@@ -483,6 +485,26 @@ def test_exception_shows_the_profile_then_raises(shell: InteractiveShell) -> Non
     rows = run.table("bad")
     assert rows["raise ValueError('boom')"][0] == "1"
     assert float(rows["time.sleep(0.02)"][1]) * 1e-9 >= 0.02
+
+
+@pytest.mark.parametrize(
+    ("source", "line"),
+    [("%lprun -f bad bad()", "----> 1 bad()"), ("%%lprun -f bad\nx = 1\nbad()", "----> 2 bad()")],
+)
+def test_a_raising_statement_shows_the_users_frames_only(
+    shell: InteractiveShell, source: str, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From the statement on: not our frames, nor "Could not get source" (issue 29)."""
+    cell(shell, "def bad():\n    return 1 / 0\n")
+    capsys.readouterr()
+    run = Run(shell, source)
+    assert isinstance(run.result.error_in_exec, ZeroDivisionError)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+    assert line in text
+    assert "----> 2     return 1 / 0" in text
+    assert "gpumagic" not in text
+    assert "Could not get source" not in text
+    assert "lprun" not in text.split("Traceback", 1)[1]
 
 
 @pytest.mark.parametrize("exc", ["KeyboardInterrupt", "SystemExit"])

@@ -366,3 +366,28 @@ def test_a_cuda_error_in_the_body_is_explained_and_the_kernel_survives() -> None
     assert "device-side assert" in output
     assert "CUDA_LAUNCH_BLOCKING=1" in output
     assert "sticky" in output
+
+
+def test_ctrl_c_in_the_first_call_or_warm_up_on_the_gpu_is_short(
+    gpu_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: at most 10 lines, none from gpumagic, as on the host; the GPU is
+    synchronized and the stream put back all the same."""
+    import re
+
+    gpu_shell.user_ns["seen"] = []
+    step = (
+        "def step():\n"
+        "    if seen.append(torch.ones(1, device='cuda')) or len(seen) > 3: raise KeyboardInterrupt"
+    )
+    assert gpu_shell.run_cell(step).success
+    capsys.readouterr()
+    for cell in ("%cudatime raise KeyboardInterrupt", "%cudatime step()"):
+        result = gpu_shell.run_cell(cell, store_history=True)
+        assert isinstance(result.error_in_exec, KeyboardInterrupt), cell
+        text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+        assert len(text.strip().splitlines()) <= 10, text
+        assert "gpumagic" not in text, text
+    assert gpu_shell.run_cell(
+        "import torch\nassert torch.cuda.current_stream() == torch.cuda.default_stream()"
+    ).success

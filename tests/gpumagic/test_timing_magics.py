@@ -7,7 +7,8 @@ GPU behaviour is in ``test_timing_gpu.py``).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fake_clock import FakeClock
@@ -55,8 +56,8 @@ def test_without_gpu_it_times_on_the_host_and_says_so(
     out = capsys.readouterr().out
     assert "host time" in out
     assert "Timed on the host like %timeit (no GPU here:" in out
-    assert "--graph needs CUDA (no GPU here:" in out
-    assert "--sync-check needs CUDA" in out
+    assert "--graph and --sync-check need CUDA: not used" in out
+    assert out.count("no GPU here") == 1  # the reason, once (issue 29)
 
 
 def test_device_cpu_times_on_the_host(shell: InteractiveShell) -> None:
@@ -144,6 +145,11 @@ def test_flops_and_bytes_are_parsed(shell: InteractiveShell) -> None:
         ("%cudatime --device 0,1 x", "--device '0,1': %cudatime takes one device, not a list"),
         ("%cudatime --device all x", "--device 'all': %cudatime takes one device, not all"),
         ("%cudatime -v 1abc x", "-v '1abc' is not a variable name"),
+        ("%cudatime -v class x", "-v 'class' is not a variable name; give a name such as"),
+        ("%cudatime -n 99999999999999999999999 x", "loops must be at most 9,223,372,036"),
+        ("%cudatime -r 99999999999999999999999 x", "repeat must be at most 9,223,372,036"),
+        ("%cudatime -w 99999999999999999999999 x", "warmup must be at most 9,223,372,036"),
+        ("%cudatime -p 99999999999999999999 x", "precision must be at most 17"),
         ("%cudatime", "nothing to time; give it a statement after the options"),
         ("%cudatime -n 5   ", "nothing to time"),
         ("%%cudatime -n 5\n\n   \n", "nothing to time; give it a cell body"),
@@ -180,7 +186,7 @@ def test_unknown_device_index_is_a_usage_error(shell: InteractiveShell) -> None:
     if NO_GPU:
         # Without CUDA, --device N says it needs CUDA and times on the host.
         assert run(shell, f"%cudatime -q -v r {FAST} --device 7 x = 1").success
-        assert any("--device 7 needs CUDA" in w for w in shell.user_ns["r"].warnings)
+        assert "--device 7 needs CUDA: not used" in shell.user_ns["r"].warnings
     else:
         count = len(cuda.status().devices)
         assert f"sees {count} GPU(s)" in usage_error(shell, f"%cudatime --device {count + 7} x=1")
@@ -371,7 +377,7 @@ def test_a_cell_with_setup_says_the_count_did_not_rerun_it(shell: InteractiveShe
     cell = f"%%cudatime -q -v r {FAST} x = torch.randn(16, 16)\nx @ x"
     assert run(shell, cell).success
     notes = shell.user_ns["r"].notes
-    assert any("without the setup running again" in n and "--no-count" in n for n in notes)
+    assert any("without the setup" in n and "--no-count" in n for n in notes)
     assert run(
         shell, f"%%cudatime -q -v r {FAST} --no-count x = torch.randn(16, 16)\nx @ x"
     ).success
@@ -400,3 +406,137 @@ def test_a_trailing_comment_is_not_in_the_title(
     assert shell.user_ns["r"].label == "s = 'a#b'.split('#')"
     assert run(shell, f"%%cudatime -o {FAST}\n# the body\nsorted(x)  # sort\n").success
     assert shell.user_ns["_"].label == "sorted(x)"
+
+
+# -- many runs (issue 29) --------------------------------------------------------------
+
+
+def test_many_runs_cost_linear_time(shell: InteractiveShell) -> None:
+    """``-r 200000`` took 392 s: every run rebuilt the list of the runs before it.
+    (This process's CPU time, which other work on a loaded machine does not inflate.)"""
+    start = time.process_time()
+    assert run(shell, "r = %cudatime -q -o -n 1 -r 200000 --device cpu 1+1").success
+    assert time.process_time() - start < 2
+    assert shell.user_ns["r"].repeat == 200000
+
+
+# -- Ctrl-C before anything was measured, and syntax errors (issue 29) ------------------
+
+
+def shown(capsys: pytest.CaptureFixture[str]) -> str:
+    """What the cell printed, without colours."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", "".join(capsys.readouterr()))
+
+
+def assert_short_and_ours_hidden(text: str) -> None:
+    lines = text.strip().splitlines()
+    assert len(lines) <= 10, text
+    assert "gpumagic" not in text, text
+    assert "KeyboardInterrupt" in lines[-1]
+
+
+def test_ctrl_c_in_the_first_call_shows_the_users_line_only(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, f"%cudatime {FAST} raise KeyboardInterrupt")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    text = shown(capsys)
+    assert_short_and_ours_hidden(text)
+    assert "----> 1 %cudatime --budget 0.05 raise KeyboardInterrupt" in text
+
+
+def test_ctrl_c_in_the_warm_up_shows_the_users_frames_only(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns["calls"] = []
+    cell = "def step():\n    if calls.append(1) or len(calls) > 3: raise KeyboardInterrupt"
+    assert run(shell, cell).success
+    result = run(shell, f"%cudatime {FAST} step()")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    text = shown(capsys)
+    assert_short_and_ours_hidden(text)
+    assert "----> 1 %cudatime --budget 0.05 step()" in text
+    assert "----> 2     if calls.append(1)" in text
+
+
+def test_ctrl_c_that_lands_between_the_users_lines_is_shown_alone(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C arrives while the engine itself runs (here: at its fifth clock read)."""
+
+    class InterruptedClock:
+        reads = 0
+
+        def perf_counter(self) -> float:
+            self.reads += 1
+            if self.reads == 5:
+                raise KeyboardInterrupt
+            return float(self.reads)
+
+    monkeypatch.setattr(timing, "time", InterruptedClock())
+    result = run(shell, f"%cudatime {FAST} x = 1")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert_short_and_ours_hidden(shown(capsys))
+
+
+def test_ctrl_c_in_the_setup_shows_the_setup(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run(shell, "%%cudatime raise KeyboardInterrupt\nx = 1")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    text = shown(capsys)
+    assert_short_and_ours_hidden(text)
+    assert "----> 1 %%cudatime raise KeyboardInterrupt" in text
+
+
+def syntax_error_shown(shell: InteractiveShell, cell: str, capsys: Any) -> tuple[str, str]:
+    """The line IPython shows for the syntax error, and the caret under it."""
+    result = run(shell, cell)
+    assert isinstance(result.error_in_exec, SyntaxError)
+    text = shown(capsys)
+    assert "gpumagic/cell_code.py" not in text
+    assert text.count("gpumagic/") == 1, text  # the magic's own line, as %timeit's
+    lines = text.rstrip().splitlines()
+    assert lines[-1].startswith("SyntaxError")
+    return lines[-3], lines[-2]
+
+
+@pytest.mark.parametrize(
+    ("cell", "line", "caret"),
+    [
+        ("%%cudatime\nx = 1\ny = = 2", "    y = = 2", "        ^"),
+        ("%cudatime x +", "    %cudatime x +", " " * 17 + "^"),
+        ("%cudatime -n 3 -v x   x +", "    %cudatime -n 3 -v x   x +", " " * 29 + "^"),
+        ("%cudatime return 5", "    %cudatime return 5", " " * 14 + "^"),
+        ("%%cudatime -n 3 x = (1,\nx", "    %%cudatime -n 3 x = (1,", " " * 27 + "^"),
+        ("%%cudatime -n 3 x = 1 1\nx", "    %%cudatime -n 3 x = 1 1", " " * 26 + "^"),
+        ("%%gpumem\nx = 1\ny = = 2", "    y = = 2", "        ^"),
+    ],
+)
+def test_a_syntax_error_shows_the_users_line_and_caret(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cell: str, line: str, caret: str
+) -> None:
+    assert syntax_error_shown(shell, cell, capsys) == (line, caret)
+
+
+# -- what repeats (issue 29) -----------------------------------------------------------
+
+
+def test_a_note_is_shown_once_a_session(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same cell twice: the second output leaves out the notes the first showed
+    (the setup note, the host note), and keeps the numbers and the warnings."""
+    run(shell, "import torch")
+    cell = f"%%cudatime {FAST} --graph x = torch.randn(16, 16)\ny = x @ x"
+    assert run(shell, cell).success
+    first = capsys.readouterr().out
+    assert "without the setup" in first
+    assert "Timed on the host" in first or not NO_GPU
+    assert run(shell, cell).success
+    second = capsys.readouterr().out
+    assert "per loop" in second
+    assert "without the setup" not in second
+    assert "Timed on the host" not in second
+    assert ("--graph needs CUDA: not used" in second) == NO_GPU
+    assert len(second.splitlines()) < len(first.splitlines())

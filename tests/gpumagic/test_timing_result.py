@@ -33,7 +33,15 @@ def test_quantile_interpolates_like_numpy() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(170e-6, "170 µs"), (1.234e-3, "1.23 ms"), (2.5, "2.5 s"), (8.26e-9, "8.26 ns"), (0, "0 s")],
+    [
+        (170e-6, "170 µs"),
+        (1.234e-3, "1.23 ms"),
+        (2.5, "2.5 s"),
+        (8.26e-9, "8.26 ns"),
+        (0, "0 s"),
+        (999.96e-9, "1 µs"),  # rounds up into the next unit, not "1e+03 ns"
+        (0.99999, "1 s"),
+    ],
 )
 def test_format_time(seconds: float, text: str) -> None:
     assert format_time(seconds) == text
@@ -250,3 +258,15 @@ def test_gpumagic_compare_is_lazy() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gpumagic.nope  # noqa: B018
+
+
+def test_a_percentage_is_never_split_from_its_sign() -> None:
+    """The spread's "(20 %)" wrapped as "(20" and "%)" on the next line."""
+    for repeat in range(3, 40):  # run counts and spreads of every width
+        for spread in (0.05, 0.2, 0.45):
+            runs = [28.7e-3 * (1 + spread * ((i % 4) - 1.5) / 1.5) for i in range(repeat)]
+            result = CudaTimeResult(
+                loops=1, repeat=repeat, all_runs=runs, host_runs=runs, clock="host"
+            )
+            for line in result.text().splitlines()[1:]:
+                assert not line.strip().startswith("%"), result.text()

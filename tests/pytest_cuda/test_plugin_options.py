@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -269,3 +271,42 @@ def test_the_documented_ini_keeps_strict_markers_working_with_the_plugin_off(
     # And with it on: the ini lines do not clash with the plugin's own (the test runs,
     # or skips where there is no GPU).
     assert pytester.runpytest("--strict-markers").ret == pytest.ExitCode.OK
+
+
+def test_the_documented_conftest_skips_fixture_tests_with_the_plugin_off(
+    pytester: pytest.Pytester,
+) -> None:
+    """docs/pytest-plugin.md: with -p no:cuda, a test taking a device fixture errored
+    with "fixture not found" (issue 29); the page's conftest skips it, with the reason,
+    and does nothing with the plugin on."""
+    page = (Path(__file__).parents[2] / "docs" / "pytest-plugin.md").read_text()
+    (conftest,) = [
+        block
+        for block in re.findall(r"^```python\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+        if "def pytest_collection_modifyitems" in block
+    ]
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(
+        """
+        def test_device(cuda_device):
+            pass
+
+        def test_devices(cuda_devices):
+            pass
+
+        def test_sync(cuda_no_sync):
+            pass
+
+        def test_cpu():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cuda", "-rs")
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines(["*takes a pytest_cuda fixture; the plugin is off (-p no:cuda)"])
+    result.stdout.no_fnmatch_line("*not found*")
+    # With the plugin on, the conftest leaves the tests to it (no GPU here: it skips
+    # the device tests for its own reason, or runs them).
+    result = pytester.runpytest("-rs")
+    result.stdout.no_fnmatch_line("*the plugin is off*")
+    assert result.ret == pytest.ExitCode.OK

@@ -220,6 +220,29 @@ def test_xdist_stop_stops_every_worker(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*stopping (--cuda-on-poison=stop)*"])
 
 
+@pytest.mark.parametrize("version", ["3.5.0", "3.6.0"])
+def test_xdist_stop_needs_an_xdist_whose_workers_stop(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """Before pytest-xdist 3.6.1 the workers ran on after the culprit (issue 29)."""
+    import xdist
+
+    monkeypatch.setattr(xdist, "__version__", version)
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest("-n", "2", "--cuda-on-poison=stop")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*--cuda-on-poison=stop under pytest-xdist needs pytest-xdist 3.6.1 or later "
+            f"(earlier workers do not stop the run); {version} is installed: upgrade it "
+            "(pip install 'pytest-xdist>=3.6.1') or run without -n*"
+        ]
+    )
+    # Without -n, or with another action, that pytest-xdist is fine.
+    assert pytester.runpytest("--cuda-on-poison=stop").ret == pytest.ExitCode.OK
+    assert pytester.runpytest("-n", "0", "--cuda-on-poison=stop").ret == pytest.ExitCode.OK
+
+
 def test_rerun_blocking_adds_the_line_that_really_failed(pytester: pytest.Pytester) -> None:
     planted_suite(pytester)
     result = pytester.runpytest_subprocess("--cuda-rerun-blocking")

@@ -314,3 +314,31 @@ def test_an_implicit_sync_fails_in_one_line(
     assert str(caught.value).startswith("cuda_no_sync: implicit host-device synchronization:")
     assert caught.value.__suppress_context__
     assert "During handling" not in str(caught.getrepr(style="value"))
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("cuda_no_sync(bogus=1)", "cuda_no_sync on {}: takes no arguments, got bogus=1"),
+        ("cuda_sync(1)", "cuda_sync on {}: takes no arguments, got 1"),
+        (
+            "cuda_sync(True, every='op')",
+            "cuda_sync on {}: takes no arguments, got True, every='op'",
+        ),
+    ],
+)
+def test_sync_markers_with_arguments_are_errors(
+    pytester: pytest.Pytester, marker: str, message: str
+) -> None:
+    """They took any arguments and ignored them (issue 29); with or without CUDA."""
+    pytester.makepyfile(
+        test_typo=f"import pytest\n\n@pytest.mark.{marker}\ndef test_a():\n    pass\n\n"
+        "@pytest.mark.cuda_sync\ndef test_b():\n    pass\n"
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, errors=1)
+    name = "test_typo.py::test_a"
+    result.stdout.fnmatch_lines(
+        ["*ERROR at setup of test_a*", "malformed @pytest.mark." + message.format(name)]
+    )
+    assert "Traceback" not in result.stdout.str()
