@@ -213,7 +213,8 @@ def _summarize_totals(
     document = json_report([leak.row("") for leak in found])["summary"]
     parts = [f"{document[v]} {v}" for v in ("leaked", "warned", "kept") if document[v]]
     amounts = ", ".join(f"{format_bytes(b)} on {d}" for d, b in document["leaked_bytes"].items())
-    text = f"cuda leak check: {document['checked']} tests checked"
+    checked = document["checked"]
+    text = f"cuda leak check: {checked} test{'s' if checked != 1 else ''} checked"
     text += f", {', '.join(parts)}" if parts else ", no leak"
     text += f" ({amounts} leaked)" if amounts else ""
     tr.write_line(text + (f"; report written to {path}" if path else ""))
