@@ -45,6 +45,7 @@ SCRIPTS = {
     "leaks": "bench_leaks.py",
     "leaks_suite": "bench_leaks.py --suite (the harness before suites that grow)",
     "leaks_growing": "bench_leaks.py --suite",
+    "gc_freeze": "bench_gc_freeze.py",
     "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
     "lprun": "bench_lprun.py",
     "plugin_overhead": "bench_plugin_overhead.py",
@@ -297,6 +298,25 @@ FIGURES: dict[str, Figure] = {
         # torch_geometric never grows: its run with --cuda-leak-trace was not comparable.
         if (short, what) != ("pyg", "trace_ratio")
     },
+    # bench_gc_freeze.py: the leak check's heap boundary, on the CPU.
+    "gc_freeze.freeze_unfreeze_us": Figure(
+        "gc_freeze",
+        functools.partial(_summary, key="freeze_unfreeze_us"),
+        "{:.1f} µs",
+        "gc.freeze() and gc.unfreeze()",
+    ),
+    "gc_freeze.full_collect_ms": Figure(
+        "gc_freeze",
+        functools.partial(_summary, key="full_collect_ms"),
+        "{:.0f} ms",
+        "a full collection of 1.4 million objects",
+    ),
+    "gc_freeze.frozen_collect_ms": Figure(
+        "gc_freeze",
+        functools.partial(_summary, key="frozen_collect_ms"),
+        "{:.2f} ms",
+        "a collection with the older heap frozen",
+    ),
     "leaks_suite_torch.ratio": Figure(
         "leaks_suite_torch",
         lambda run: float(run.one(label="PyTorch CudaMemoryLeakCheck")["ratio"]),
@@ -673,6 +693,17 @@ def _table_leaks_growing(run: Run) -> Table:
     return header, out
 
 
+def _table_gc_freeze(run: Run) -> Table:
+    found = run.one(kind="summary")
+    rows = [
+        ["tracked objects", f"{found['tracked_objects']:,.0f}"],
+        ["`gc.freeze()` + `gc.unfreeze()`", f"{found['freeze_unfreeze_us']:.1f} µs"],
+        ["`gc.collect()`, the whole heap", f"{found['full_collect_ms']:.0f} ms"],
+        ["`gc.collect()`, the older heap frozen", f"{found['frozen_collect_ms']:.2f} ms"],
+    ]
+    return ["what", "median"], rows
+
+
 def _table_leaks_suite_torch(run: Run) -> Table:
     rows = [r for r in run.records if "label" in r]
     out = [
@@ -864,6 +895,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "leaks_suite": _table_leaks_suite,
     "leaks_suite_torch": _table_leaks_suite_torch,
     "leaks_growing": _table_leaks_growing,
+    "gc_freeze": _table_gc_freeze,
     "lprun": _table_lprun,
     "plugin_overhead": _table_plugin_overhead,
     "sync": _table_sync,
