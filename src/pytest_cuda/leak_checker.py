@@ -153,6 +153,8 @@ class LeakChecker:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         status = cuda.status()
         if not status.available:
+            if self.recording is None:
+                return [f"cuda memory report: nothing to measure, {status.summary()}"]
             return [f"cuda leak check: nothing to check, {status.summary()}"]
         if self.recording is None:
             return []  # peaks alone (--cuda-memory-report): no leak check

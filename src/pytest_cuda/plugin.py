@@ -118,6 +118,7 @@ def pytest_addoption(parser: Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
+    _refuse_switched_off_modes(config)
     if _asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
         _run_devices(config)
@@ -127,6 +128,29 @@ def pytest_configure(config: pytest.Config) -> None:
         if not run.devices:
             why = _unavailable(run.status) if not run.status.available else "no device selected"
             raise pytest.UsageError(f"--cuda-require: no usable CUDA device here: {why}")
+
+
+#: The options each mode plugin serves (declared by :mod:`pytest_cuda.options` for all).
+_MODE_OPTIONS = {
+    leak_plugin.__name__: (
+        ("cuda_leak_check", "--cuda-leak-check"),
+        ("cuda_leak_trace", "--cuda-leak-trace"),
+        ("cuda_leak_report", "--cuda-leak-report"),
+        ("cuda_memory_report", "--cuda-memory-report"),
+    ),
+}
+
+
+def _refuse_switched_off_modes(config: pytest.Config) -> None:
+    """An option whose mode ``-p no:`` switched off would do nothing: say so instead."""
+    for module, options in _MODE_OPTIONS.items():
+        if not config.pluginmanager.is_blocked(module):
+            continue
+        for dest, flag in options:
+            if config.getoption(dest):
+                raise pytest.UsageError(
+                    f"{flag} needs {module}, which -p no:{module} switched off: drop one of the two"
+                )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -284,3 +284,41 @@ def test_only_garbage_with_older_objects_needs_the_whole_heap_collected(
     )
     assert lines[start + 1].startswith("Measured in this process's caching allocator after:")
     assert "whole heap" not in lines[start + 1]
+
+
+def test_a_leak_option_with_the_leak_mode_switched_off_is_a_usage_error(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--cuda-leak-check", "-p", "no:pytest_cuda.leak_plugin")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*--cuda-leak-check needs pytest_cuda.leak_plugin, which "
+            "-p no:pytest_cuda.leak_plugin switched off: drop one of the two*"
+        ]
+    )
+
+
+def test_the_memory_report_alone_is_not_announced_as_a_leak_check(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(SUITE)
+    result = pytester.runpytest("--cuda-memory-report=1")
+    assert result.parseoutcomes() == {"passed": 4}
+    result.stdout.no_fnmatch_line("cuda leak check*")
+    result.stdout.fnmatch_lines(["*= CUDA memory: the 1 largest peaks =*"])
+
+
+def test_without_cuda_the_memory_report_says_what_it_cannot_do(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    pytester.makeconftest(
+        "from gpumagic import cuda\n"
+        "from gpumagic.devices import CudaStatus\n"
+        "cuda.status = lambda: CudaStatus(False, 'no usable GPU: made up')\n"
+    )
+    result = pytester.runpytest_subprocess("--cuda-memory-report=1")
+    result.stdout.fnmatch_lines(["cuda memory report: nothing to measure, *"])
+    result.stdout.no_fnmatch_line("cuda leak check*")
