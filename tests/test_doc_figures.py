@@ -589,3 +589,18 @@ def test_an_unmarked_comparison_is_found(
     assert noise is not None
     assert noise.within
     assert unmarked(bench, sentence, folder) == found
+
+
+def test_without_iqrs_the_two_estimates_spread_the_difference(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # The latest leaks run's case: the paired costs put the trace 12 µs above the check,
+    # the medians of a clean test 20 µs below it; their gap, 32 µs, is the spread.
+    record = _leaks_record()
+    record["median_per_test_us"]["trace"] = 1080.0
+    folder = _results(tmp_path, [record])
+    key = "leaks.trace_minus_check_us"
+    assert bench.figure(key, folder)[0] == "+12 µs (within the noise: spread 32 µs)"
+    noise = bench.FIGURES[key].noise(bench.latest("leaks", folder))
+    assert noise is not None
+    assert noise.how.startswith("no IQR recorded")

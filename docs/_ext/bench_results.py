@@ -164,15 +164,16 @@ class Spread:
 
     ``read`` gives the width of the range the run's rounds (or trials, or quartiles)
     spread over, in the figure's unit; it raises ``KeyError`` where the run did not record
-    it (an older result file, a single round), and the figure then says nothing of its
-    noise. The effect is the figure's distance from ``null``: 0 for a difference (a
-    cost), 1 for a ratio. A spread wider than the effect is noise the figure cannot be
-    told from, and the figure says so (:data:`NOISE`).
+    it (an older result file, a single round), and ``fallback``, if any, is read instead;
+    with none, the figure says nothing of its noise. The effect is the figure's distance
+    from ``null``: 0 for a difference (a cost), 1 for a ratio. A spread wider than the
+    effect is noise the figure cannot be told from, and the figure says so (``NOISE``).
     """
 
     read: Callable[[Run], float]
     how: str
     null: float = 0.0
+    fallback: Spread | None = None
 
 
 @dataclass(frozen=True)
@@ -199,14 +200,15 @@ class Figure:
 
     def noise(self, run: Run) -> Noise | None:
         """The run's spread of this figure against its effect; None where not recorded."""
-        if self.spread is None:
-            return None
-        try:
-            width = float(self.spread.read(run))
-        except (KeyError, StopIteration, TypeError, ValueError, ZeroDivisionError):
-            return None
-        effect = abs(self.value(run) - self.spread.null)
-        return Noise(width, effect, self.spread.how)
+        spread = self.spread
+        while spread is not None:
+            try:
+                width = float(spread.read(run))
+            except (KeyError, StopIteration, TypeError, ValueError, ZeroDivisionError):
+                spread = spread.fallback
+                continue
+            return Noise(width, abs(self.value(run) - spread.null), spread.how)
+        return None
 
     def bare(self, run: Run) -> str:
         """The value alone, formatted with its unit."""
@@ -251,18 +253,18 @@ def _leak_iqr_pct(which: str) -> Callable[[Run], float]:
     return lambda run: _leak_iqr(which)(run) * 100 / float(run.one()["median_per_test_us"]["none"])
 
 
-def _leak_trace_minus_check_spread(run: Run) -> float:
-    """The IQRs of both costs added, where recorded; else the gap between the run's two
-    estimates of the difference: the paired costs' and the medians' of a clean test."""
-    try:
-        return _leak_iqr("trace")(run) + _leak_iqr("check")(run)
-    except KeyError:
-        r = run.one()
-        paired = float(r["overhead_per_test_us"]["trace"]) - float(
-            r["overhead_per_test_us"]["check"]
-        )
-        medians = float(r["median_per_test_us"]["trace"]) - float(r["median_per_test_us"]["check"])
-        return abs(paired - medians)
+def _leak_iqrs_added(run: Run) -> float:
+    """Both costs' interquartile ranges added: the spread of the trace's cost less the check's."""
+    return _leak_iqr("trace")(run) + _leak_iqr("check")(run)
+
+
+def _leak_estimates_gap(run: Run) -> float:
+    """The gap between the run's two estimates of the trace's cost less the check's: the
+    paired costs' difference and the medians' of a clean test."""
+    r = run.one()
+    paired = float(r["overhead_per_test_us"]["trace"]) - float(r["overhead_per_test_us"]["check"])
+    medians = float(r["median_per_test_us"]["trace"]) - float(r["median_per_test_us"]["check"])
+    return abs(paired - medians)
 
 
 def _round_ratios(walls: list[float], anchor: list[float]) -> list[float]:
@@ -431,9 +433,13 @@ FIGURES: dict[str, Figure] = {
         "{:+.0f} µs",
         "--cuda-leak-trace's cost minus --cuda-leak-check's",
         Spread(
-            _leak_trace_minus_check_spread,
-            "both costs' interquartile ranges added; where not recorded, the gap between "
-            "the run's two estimates of the difference (paired costs, medians of a clean test)",
+            _leak_iqrs_added,
+            "the interquartile ranges of both costs' paired per-test differences, added",
+            fallback=Spread(
+                _leak_estimates_gap,
+                "no IQR recorded: the gap between the run's two estimates of the difference, "
+                "the paired costs' and the medians' of a clean test",
+            ),
         ),
     ),
     "leaks.check_pct": Figure(
