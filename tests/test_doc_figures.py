@@ -368,3 +368,239 @@ def test_tables_render_from_the_benchmarks_shape(
         "1.53\u00d7",
         "\u22120.58 %",
     )
+
+
+# ---------------------------------------------------------------------------
+# Spread against effect: a figure its run cannot tell from noise says so, through the
+# figure's ``Spread`` (bench_results.py), never in words a page types by hand.
+
+#: Words a page used for a figure within its noise before the figures said it themselves.
+NOISE_BY_HAND = re.compile(
+    r"within the noise|(?:cannot|can't|could not) tell|noise being larger"
+    r"|(?:less|lower|smaller) than (?:the|that|this|its) (?:run's )?noise"
+    r"|below (?:the|that|this|its) (?:run's )?noise",
+    re.IGNORECASE,
+)
+#: Sentence ends, table cells, list items and paragraphs.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`{(*])|\|| *\n\s*\n|\n\s*[-*] ")
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in SENTENCE_END.split(text) if s.strip()]
+
+
+def cited(sentence: str) -> list[tuple[str, str | None]]:
+    """``(figure key, number typed or None for a role)`` of every figure a sentence cites."""
+    found: list[tuple[str, str | None]] = [(key, None) for key in ROLE.findall(sentence)]
+    found += [(key, m.group(1)) for p, key in TYPED for m in p.finditer(sentence)]
+    return found
+
+
+def rendered(bench: ModuleType, sentence: str, folder: Path | None = None) -> str:
+    """The sentence as the page shows it: every role replaced with its figure's text."""
+    args = () if folder is None else (folder,)
+    return ROLE.sub(lambda m: bench.figure(m.group(1), *args)[0], sentence)
+
+
+def unmarked(bench: ModuleType, sentence: str, folder: Path | None = None) -> list[str]:
+    """Keys of the figures a sentence comparing two figures or more cites within their
+    noise without saying so (the noise wording must follow each such figure)."""
+    found = cited(sentence)
+    if len(found) < 2:
+        return []
+    args = () if folder is None else (folder,)
+    runs = bench.load(*args)
+    problems = []
+    for key, typed in found:
+        fig = bench.FIGURES[key]
+        if fig.bench not in runs:
+            continue
+        run = bench.latest(fig.bench, *args)
+        noise = fig.noise(run)
+        if noise is None or not noise.within:
+            continue
+        if typed is None:
+            shown = bench.figure(key, *args)[0]
+            ok = shown in rendered(bench, sentence, folder) and bench.NOISE in shown
+        else:
+            ok = bench.NOISE in sentence
+        if not ok:
+            problems.append(key)
+    return problems
+
+
+def test_figures_within_their_noise_say_so(bench: ModuleType) -> None:
+    """A sentence comparing two figures or more says so of each one within its noise."""
+    problems = []
+    for page in PAGES:
+        for heading, body in sections(current(page)):
+            for sentence in sentences(body):
+                for key in unmarked(bench, sentence):
+                    where = f"{page.relative_to(ROOT)} ({heading.strip('# ') or 'top'})"
+                    problems.append(
+                        f"{where}: {key} is within its run's noise and the sentence does "
+                        f"not say so; cite it as {{bench}}`{key}`, which does: {sentence[:120]!r}"
+                    )
+    assert not problems, "\n".join(problems)
+
+
+def test_no_page_words_a_figures_noise_by_hand(bench: ModuleType) -> None:
+    """The noise of a cited figure comes from its Spread, not from the page's words (the
+    words outlive the run that justified them)."""
+    problems = []
+    for page in PAGES:
+        for sentence in sentences(current(page)):
+            if cited(sentence) and NOISE_BY_HAND.search(ROLE.sub("", sentence)):
+                problems.append(
+                    f"{page.relative_to(ROOT)}: {sentence[:160]!r} words a figure's noise by "
+                    "hand; declare the figure's Spread in docs/_ext/bench_results.py instead"
+                )
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("page", "key"),
+    [
+        # issue 29, item 13: both were worded by hand.
+        ("leaks.md", "leaks.trace_minus_check_us"),
+        ("debugging.md", "sync.health_check_ms"),
+    ],
+)
+def test_the_issue_cases_come_from_the_spread(bench: ModuleType, page: str, key: str) -> None:
+    fig = bench.FIGURES[key]
+    assert fig.spread is not None, key
+    run = bench.latest(fig.bench)
+    noise = fig.noise(run)
+    assert noise is not None, f"{key}: {run.file.name} records no spread"
+    text = (DOCS / page).read_text(encoding="utf-8")
+    assert f"{{bench}}`{key}`" in text
+    [sentence] = [s for s in sentences(prose(text)) if f"{{bench}}`{key}`" in s]
+    assert not NOISE_BY_HAND.search(ROLE.sub("", sentence))
+    # In the latest runs both are within their noise, and the page shows it.
+    assert noise.within, (key, noise)
+    assert f"{bench.NOISE}: spread " in rendered(bench, sentence)
+
+
+def _leaks_record(**extra: Any) -> dict[str, Any]:
+    return {
+        "benchmark": "leaks",
+        **ENV,
+        "median_per_test_us": {
+            "none": 1000.0,
+            "check": 1100.0,
+            "trace": 1110.0,
+            "fixture none": 1000.0,
+            "fixture check": 1150.0,
+        },
+        "overhead_per_test_us": {
+            "none": 0.0,
+            "check": 100.0,
+            "trace": 112.0,
+            "fixture none": 0.0,
+            "fixture check": 150.0,
+        },
+        "check_overhead_pct": 10.0,
+        "trace_overhead_pct": 11.2,
+        **extra,
+    }
+
+
+def _results(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
+    import json
+
+    folder = tmp_path / "results"
+    folder.mkdir()
+    lines = "\n".join(json.dumps(r) for r in records)
+    (folder / "2026-11-21T0739-h200-test.jsonl").write_text(lines + "\n")
+    return folder
+
+
+def test_a_spread_wider_than_the_effect_is_said(bench: ModuleType, tmp_path: Path) -> None:
+    # Trace +112 µs and check +100 µs, each over an IQR 40 µs wide: +12 µs is noise.
+    iqr = {"check": [80.0, 120.0], "trace": [90.0, 130.0]}
+    folder = _results(tmp_path, [_leaks_record(overhead_iqr_us=iqr)])
+    text = bench.figure("leaks.trace_minus_check_us", folder)[0]
+    assert text == "+12 µs (within the noise: spread 80 µs)"
+    # The costs themselves stand well outside their IQRs.
+    assert bench.figure("leaks.check_us", folder)[0] == "+100 µs"
+    assert bench.figure("leaks.check_pct", folder)[0] == "+10.0 %"
+
+
+def test_a_spread_narrower_than_the_effect_is_not(bench: ModuleType, tmp_path: Path) -> None:
+    iqr = {"check": [98.0, 102.0], "trace": [110.0, 114.0]}
+    folder = _results(tmp_path, [_leaks_record(overhead_iqr_us=iqr)])
+    assert bench.figure("leaks.trace_minus_check_us", folder)[0] == "+12 µs"
+
+
+def test_a_run_without_a_spread_says_nothing_of_it(bench: ModuleType, tmp_path: Path) -> None:
+    folder = _results(tmp_path, [_leaks_record()])
+    fig = bench.FIGURES["leaks.check_us"]
+    assert fig.noise(bench.latest("leaks", folder)) is None
+    assert bench.figure("leaks.check_us", folder)[0] == "+100 µs"
+    # Without IQRs the difference's spread is its two estimates' gap: the paired costs
+    # say +12 µs, the medians +10 µs; 2 µs is narrower than 12 µs.
+    assert bench.figure("leaks.trace_minus_check_us", folder)[0] == "+12 µs"
+
+
+def test_rounds_spread_a_suite_ratio(bench: ModuleType, tmp_path: Path) -> None:
+    def row(label: str, walls: list[float]) -> dict[str, Any]:
+        return {"bench": "leaks_suite", "label": label, "wall_s": sum(walls) / 2, "walls": walls}
+
+    records = [
+        {"bench": "leaks_suite", "kind": "environment", **ENV},
+        row("plugin off", [40.0, 44.0]),
+        row("plugin loaded", [44.0, 40.0]),  # 1.000, rounds 1.10 and 0.91: noise
+        row("--cuda-leak-check", [48.0, 52.8]),  # 1.200, rounds 1.20 and 1.20
+    ]
+    folder = _results(tmp_path, records)
+    assert bench.figure("leaks_suite.loaded_ratio", folder)[0] == (
+        "1.000 (within the noise: spread 0.191)"
+    )
+    assert bench.figure("leaks_suite.check_ratio", folder)[0] == "1.200"
+    # One round has no spread.
+    records[1:] = [row("plugin off", [40.0]), row("plugin loaded", [44.0])]
+    folder.joinpath("2026-11-21T0739-h200-test.jsonl").unlink()
+    folder.rmdir()
+    bench.load.cache_clear()
+    folder = _results(tmp_path, records)
+    assert bench.figure("leaks_suite.loaded_ratio", folder)[0] == "1.100"
+
+
+@pytest.mark.parametrize(
+    ("sentence", "found"),
+    [
+        # A hand-typed figure within its noise, compared with another, not said so.
+        (
+            "`--cuda-leak-check` costs +100 µs, {bench}`leaks.fixture_check_us` with a fixture.",
+            ["leaks.check_us"],
+        ),
+        # The same through the role, which says so.
+        ("{bench}`leaks.check_us`, {bench}`leaks.fixture_check_us` with a fixture.", []),
+        # One figure compares nothing.
+        ("`--cuda-leak-check` costs +100 µs.", []),
+    ],
+)
+def test_an_unmarked_comparison_is_found(
+    bench: ModuleType, tmp_path: Path, sentence: str, found: list[str]
+) -> None:
+    iqr = {"check": [0.0, 200.0], "trace": [90.0, 130.0], "fixture check": [140.0, 160.0]}
+    folder = _results(tmp_path, [_leaks_record(overhead_iqr_us=iqr)])
+    noise = bench.FIGURES["leaks.check_us"].noise(bench.latest("leaks", folder))
+    assert noise is not None
+    assert noise.within
+    assert unmarked(bench, sentence, folder) == found
+
+
+def test_without_iqrs_the_two_estimates_spread_the_difference(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # The latest leaks run's case: the paired costs put the trace 12 µs above the check,
+    # the medians of a clean test 20 µs below it; their gap, 32 µs, is the spread.
+    record = _leaks_record()
+    record["median_per_test_us"]["trace"] = 1080.0
+    folder = _results(tmp_path, [record])
+    key = "leaks.trace_minus_check_us"
+    assert bench.figure(key, folder)[0] == "+12 µs (within the noise: spread 32 µs)"
+    noise = bench.FIGURES[key].noise(bench.latest("leaks", folder))
+    assert noise is not None
+    assert noise.how.startswith("no IQR recorded")

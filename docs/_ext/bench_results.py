@@ -10,7 +10,14 @@ latest file name) that has any.
     One figure of the latest run, formatted with its unit (``{bench}`leaks.check_us```
     gives ``+114 µs``); hovering shows the benchmark, device and date. ``FIGURES`` lists
     the keys; an unknown key or a run without the figure is a build warning (an error
-    under ``-W``).
+    under ``-W``). A figure may declare its ``Spread``: how to read, from the run, the
+    width its rounds spread over (an IQR, the min..max of rounds or trials) and what its
+    effect is (its distance from 0 for a difference, from 1 for a ratio). Where the run
+    records the spread and it is wider than the effect, the figure says so after its
+    value, ``+12 µs (within the noise: spread 30 µs)``, and the hover says how the
+    spread was read. A page writes no such words itself: the test fails on a sentence
+    that cites figures and words their noise by hand, and on one comparing figures where
+    a figure within its noise lacks the words.
 ``{bench-date}`BENCH```
     The device and date of a benchmark's latest run (``H100 80GB HBM3, 2026-11-25``).
 ``{bench-run} BENCH``
@@ -146,18 +153,197 @@ def latest(bench: str, folder: Path = RESULTS) -> Run:
 # Figures: a key, the benchmark it comes from, how to read it, how to write it.
 
 
+#: What a figure whose spread is larger than its effect says after its value.
+NOISE = "within the noise"
+NOISE_NOTE = "({noise}: spread {spread})"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a run records a figure's noise, and the effect the noise is compared to.
+
+    ``read`` gives the width of the range the run's rounds (or trials, or quartiles)
+    spread over, in the figure's unit; it raises ``KeyError`` where the run did not record
+    it (an older result file, a single round), and ``fallback``, if any, is read instead;
+    with none, the figure says nothing of its noise. The effect is the figure's distance
+    from ``null``: 0 for a difference (a cost), 1 for a ratio. A spread wider than the
+    effect is noise the figure cannot be told from, and the figure says so (``NOISE``).
+    """
+
+    read: Callable[[Run], float]
+    how: str
+    null: float = 0.0
+    fallback: Spread | None = None
+
+
+@dataclass(frozen=True)
+class Noise:
+    spread: float
+    effect: float
+    how: str
+
+    @property
+    def within(self) -> bool:
+        return self.spread > self.effect
+
+
 @dataclass(frozen=True)
 class Figure:
     bench: str
     read: Callable[[Run], float]
     form: str  # str.format of the value; a leading "+" in the result is kept
     what: str
+    spread: Spread | None = None
 
     def value(self, run: Run) -> float:
         return float(self.read(run))
 
+    def noise(self, run: Run) -> Noise | None:
+        """The run's spread of this figure against its effect; None where not recorded."""
+        spread = self.spread
+        while spread is not None:
+            try:
+                width = float(spread.read(run))
+            except (KeyError, StopIteration, TypeError, ValueError, ZeroDivisionError):
+                spread = spread.fallback
+                continue
+            return Noise(width, abs(self.value(run) - spread.null), spread.how)
+        return None
+
+    def bare(self, run: Run) -> str:
+        """The value alone, formatted with its unit."""
+        return _minus(self.form.format(self.value(run)))
+
+    def spread_text(self, width: float) -> str:
+        """The spread's width, formatted as the value is, without its sign or its ratio sign."""
+        return _minus(self.form.replace("{:+", "{:").removesuffix(TIMES).format(width))
+
     def text(self, run: Run) -> str:
-        return self.form.format(self.value(run)).replace("-", "\u2212")
+        """The value, and, when its spread is wider than its effect, that it is noise."""
+        shown = self.bare(run)
+        noise = self.noise(run)
+        if noise is not None and noise.within:
+            note = NOISE_NOTE.format(noise=NOISE, spread=self.spread_text(noise.spread))
+            shown = f"{shown} {note}"
+        return shown
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "\u2212")
+
+
+def _width(values: list[float]) -> float:
+    """max - min of two values or more; a single one has no spread (KeyError)."""
+    if len(values) < 2:
+        raise KeyError("fewer than two rounds")
+    return max(values) - min(values)
+
+
+def _leak_iqr(which: str, scale: float = 1.0) -> Callable[[Run], float]:
+    """The interquartile range of a leak configuration's paired per-test differences."""
+
+    def read(run: Run) -> float:
+        q1, q3 = run.one()["overhead_iqr_us"][which]
+        return (float(q3) - float(q1)) * scale
+
+    return read
+
+
+def _leak_iqr_pct(which: str) -> Callable[[Run], float]:
+    return lambda run: _leak_iqr(which)(run) * 100 / float(run.one()["median_per_test_us"]["none"])
+
+
+def _leak_iqrs_added(run: Run) -> float:
+    """Both costs' interquartile ranges added: the spread of the trace's cost less the check's."""
+    return _leak_iqr("trace")(run) + _leak_iqr("check")(run)
+
+
+def _leak_estimates_gap(run: Run) -> float:
+    """The gap between the run's two estimates of the trace's cost less the check's: the
+    paired costs' difference and the medians' of a clean test."""
+    r = run.one()
+    paired = float(r["overhead_per_test_us"]["trace"]) - float(r["overhead_per_test_us"]["check"])
+    medians = float(r["median_per_test_us"]["trace"]) - float(r["median_per_test_us"]["check"])
+    return abs(paired - medians)
+
+
+def _round_ratios(walls: list[float], anchor: list[float]) -> list[float]:
+    """Each round's wall time over the anchor's of the same round (rounds interleaved)."""
+    if len(walls) != len(anchor):
+        raise KeyError("rounds do not pair")
+    return [w / a for w, a in zip(walls, anchor, strict=True)]
+
+
+def _suite_ratio_spread(label: str) -> Callable[[Run], float]:
+    def read(run: Run) -> float:
+        walls = [float(w) for w in run.one(label=label)["walls"]]
+        anchor = [float(w) for w in run.one(label="plugin off")["walls"]]
+        return _width(_round_ratios(walls, anchor))
+
+    return read
+
+
+def _growing_ratio_spread(run: Run, *, suite: str, label: str) -> float:
+    walls = [float(w) for w in run.one(suite=suite, label=label)["walls"]]
+    anchor = [float(w) for w in run.one(suite=suite, label="plugin loaded")["walls"]]
+    return _width(_round_ratios(walls, anchor))
+
+
+def _sync_spread(
+    prefix: str, variant: str, anchor: str, *, relative: bool = False
+) -> Callable[[Run], float]:
+    """The narrower min..max, over rounds, of the two times a sync figure compares (as a
+    share of each one's median for a ratio): either spreads at least that wide."""
+
+    def read(run: Run) -> float:
+        widths = []
+        for name in (variant, anchor):
+            row = next(
+                r
+                for r in run.records
+                if str(r.get("case", "")).startswith(prefix) and r.get("variant") == name
+            )
+            width = float(row["max"]) - float(row["min"])
+            widths.append(width / float(row["median"]) if relative else width)
+        return min(widths)
+
+    return read
+
+
+def _timeline_spread(name: str, base: str) -> Callable[[Run], float]:
+    """The interquartile range of a cell's times, over the median of the cell alone."""
+
+    def read(run: Run) -> float:
+        row = run.one(name=name)
+        return (float(row["q3"]) - float(row["q1"])) / _named(run, base)
+
+    return read
+
+
+def _timing_spread(workload: str, method: str = "gpumagic") -> Callable[[Run], float]:
+    """min..max over trials of a method's time over CUPTI's kernel time of the same trial."""
+
+    def read(run: Run) -> float:
+        by_trial: dict[int, dict[str, float]] = {}
+        for r in run.records:
+            if "trial" in r and str(r["workload"]).startswith(workload):
+                by_trial.setdefault(int(r["trial"]), {})[str(r["method"])] = float(r["seconds"])
+        return _width(
+            [
+                t[method] / t["CUPTI warm"]
+                for t in by_trial.values()
+                if method in t and "CUPTI warm" in t
+            ]
+        )
+
+    return read
+
+
+IQR = "the interquartile range of the paired per-test differences"
+ROUNDS = "min..max over rounds of each round's wall time over the anchor's"
+SYNC_RATIO = "min..max over rounds of the two times compared, each over its median: the narrower"
+TIMELINE = "the interquartile range of the cell's times over the median of the cell alone"
+TRIALS = "min..max over trials of the method's time over CUPTI's kernel time of the same trial"
 
 
 def _suite(run: Run, variant: str, key: str = "ratio") -> float:
@@ -209,16 +395,25 @@ def _leak(key: str, which: str) -> Callable[[Run], float]:
 FIGURES: dict[str, Figure] = {
     # bench_leaks.py: the clean-test cost of the leak check.
     "leaks.check_us": Figure(
-        "leaks", _leak("overhead_per_test_us", "check"), "{:+.0f} µs", "--cuda-leak-check"
+        "leaks",
+        _leak("overhead_per_test_us", "check"),
+        "{:+.0f} µs",
+        "--cuda-leak-check",
+        Spread(_leak_iqr("check"), IQR),
     ),
     "leaks.trace_us": Figure(
-        "leaks", _leak("overhead_per_test_us", "trace"), "{:+.0f} µs", "with --cuda-leak-trace"
+        "leaks",
+        _leak("overhead_per_test_us", "trace"),
+        "{:+.0f} µs",
+        "with --cuda-leak-trace",
+        Spread(_leak_iqr("trace"), IQR),
     ),
     "leaks.fixture_check_us": Figure(
         "leaks",
         _leak("overhead_per_test_us", "fixture check"),
         "{:+.0f} µs",
         "--cuda-leak-check, function-scoped CUDA fixture",
+        Spread(_leak_iqr("fixture check"), IQR),
     ),
     "leaks.anchor_us": Figure(
         "leaks", _leak("median_per_test_us", "none"), "{:.0f} µs", "a clean test, no check"
@@ -237,18 +432,36 @@ FIGURES: dict[str, Figure] = {
         ),
         "{:+.0f} µs",
         "--cuda-leak-trace's cost minus --cuda-leak-check's",
+        Spread(
+            _leak_iqrs_added,
+            "the interquartile ranges of both costs' paired per-test differences, added",
+            fallback=Spread(
+                _leak_estimates_gap,
+                "no IQR recorded: the gap between the run's two estimates of the difference, "
+                "the paired costs' and the medians' of a clean test",
+            ),
+        ),
     ),
     "leaks.check_pct": Figure(
-        "leaks", lambda run: float(run.one()["check_overhead_pct"]), "{:+.1f} %", "check"
+        "leaks",
+        lambda run: float(run.one()["check_overhead_pct"]),
+        "{:+.1f} %",
+        "check",
+        Spread(_leak_iqr_pct("check"), IQR),
     ),
     "leaks.trace_pct": Figure(
-        "leaks", lambda run: float(run.one()["trace_overhead_pct"]), "{:+.1f} %", "trace"
+        "leaks",
+        lambda run: float(run.one()["trace_overhead_pct"]),
+        "{:+.1f} %",
+        "trace",
+        Spread(_leak_iqr_pct("trace"), IQR),
     ),
     "leaks.torch_ms": Figure(
         "leaks",
         lambda run: float(run.one()["overhead_per_test_us"]["torch"]) / 1000,
         "{:.0f} ms",
         "PyTorch's CudaMemoryLeakCheck per test",
+        Spread(_leak_iqr("torch", 1 / 1000), IQR),
     ),
     # bench_leaks.py --suite: torch_geometric's CUDA tests.
     "leaks_suite.check_ratio": Figure(
@@ -256,12 +469,14 @@ FIGURES: dict[str, Figure] = {
         lambda run: _suite_wall(run, "--cuda-leak-check") / _suite_wall(run, "plugin off"),
         "{:.3f}",
         "--cuda-leak-check wall time / plugin off",
+        Spread(_suite_ratio_spread("--cuda-leak-check"), ROUNDS, null=1.0),
     ),
     "leaks_suite.loaded_ratio": Figure(
         "leaks_suite",
         lambda run: _suite_wall(run, "plugin loaded") / _suite_wall(run, "plugin off"),
         "{:.3f}",
         "plugin loaded / plugin off",
+        Spread(_suite_ratio_spread("plugin loaded"), ROUNDS, null=1.0),
     ),
     "leaks_suite.changes": Figure(
         "leaks_suite",
@@ -282,6 +497,13 @@ FIGURES: dict[str, Figure] = {
             functools.partial(_growing, suite=suite, label=label, key=key),
             fmt,
             f"{suite}: {label}, {key}",
+            None
+            if key != "ratio_to_loaded"
+            else Spread(
+                functools.partial(_growing_ratio_spread, suite=suite, label=label),
+                ROUNDS,
+                null=1.0,
+            ),
         )
         for short, suite in (
             ("gpytorch", "gpytorch 1.15.2 test/ (CUDA tests)"),
@@ -335,21 +557,42 @@ FIGURES: dict[str, Figure] = {
         lambda run: _case(run, "health check per test", "default"),
         "{:.3f} ms",
         "post-test health check per test",
+        Spread(
+            _sync_spread("pytest suite", "default", "plugin off"),
+            "min..max over rounds of the per-test time, "
+            "the narrower of the default's and the plugin off's",
+        ),
     ),
     "sync.hooks_ms": Figure(
         "sync",
         lambda run: _case(run, "of which the plugin's hooks", "default"),
         "{:.3f} ms",
         "the plugin's hooks per test",
+        Spread(
+            _sync_spread("pytest suite", "hooks only (check swapped out)", "plugin off"),
+            "min..max over rounds of the per-test time, the narrower of the hooks-only "
+            "run's and the plugin off's",
+        ),
     ),
     "sync.per_op_x": Figure(
-        "sync", lambda run: _suite(run, "per-op"), "{:.2f}" + TIMES, "per-op, suite"
+        "sync",
+        lambda run: _suite(run, "per-op"),
+        "{:.2f}" + TIMES,
+        "per-op, suite",
+        Spread(
+            _sync_spread("pytest suite", "per-op", "default", relative=True), SYNC_RATIO, null=1.0
+        ),
     ),
     "sync.launch_blocking_x": Figure(
         "sync",
         lambda run: _suite(run, "launch-blocking"),
         "{:.2f}" + TIMES,
         "launch-blocking, suite",
+        Spread(
+            _sync_spread("pytest suite", "launch-blocking", "default", relative=True),
+            SYNC_RATIO,
+            null=1.0,
+        ),
     ),
     "sync.async_error_us": Figure(
         "sync",
@@ -368,18 +611,29 @@ FIGURES: dict[str, Figure] = {
         lambda run: _case(run, "tiny ops", "per-op", "ratio"),
         "{:.2f}" + TIMES,
         "per-op, 4,000 tiny launches",
+        Spread(_sync_spread("tiny ops", "per-op", "plain", relative=True), SYNC_RATIO, null=1.0),
     ),
     "sync.mlp_per_op_x": Figure(
         "sync",
         lambda run: _case(run, "MLP training step", "per-op", "ratio"),
         "{:.2f}" + TIMES,
         "per-op, MLP training step",
+        Spread(
+            _sync_spread("MLP training step", "per-op", "plain", relative=True),
+            SYNC_RATIO,
+            null=1.0,
+        ),
     ),
     "sync.launch_blocking_child_x": Figure(
         "sync",
         lambda run: _case(run, "tiny ops", "CUDA_LAUNCH_BLOCKING=1 child", "ratio"),
         "{:.2f}" + TIMES,
         "CUDA_LAUNCH_BLOCKING=1, 4,000 tiny launches",
+        Spread(
+            _sync_spread("tiny ops", "CUDA_LAUNCH_BLOCKING=1 child", "plain child", relative=True),
+            SYNC_RATIO,
+            null=1.0,
+        ),
     ),
     # bench_plugin_overhead.py: the plugin on a CPU-only suite.
     "plugin_overhead.whole_pct": Figure(
@@ -415,12 +669,14 @@ FIGURES: dict[str, Figure] = {
         lambda run: _loop_ratio(run, "loop_ops_trace", "loop_ops"),
         "{:.3f}" + TIMES,
         "--trace on a cell of 10,000 multiplies",
+        Spread(_timeline_spread("loop_ops_trace", "loop_ops"), TIMELINE, null=1.0),
     ),
     "gpumem.trace_empty_x": Figure(
         "gpumem",
         lambda run: _loop_ratio(run, "loop_empty_trace", "loop_empty"),
         "{:.3f}" + TIMES,
         "--trace on a cell of 10,000 allocations",
+        Spread(_timeline_spread("loop_empty_trace", "loop_empty"), TIMELINE, null=1.0),
     ),
     # bench_gpumem_timeline.py
     "gpumem_timeline.trace_ops_x": Figure(
@@ -428,24 +684,28 @@ FIGURES: dict[str, Figure] = {
         lambda run: _named(run, "loop_ops_trace", "ratio"),
         "{:.3f}" + TIMES,
         "--trace on a cell of 10,000 multiplies",
+        Spread(_timeline_spread("loop_ops_trace", "loop_ops"), TIMELINE, null=1.0),
     ),
     "gpumem_timeline.timeline_ops_x": Figure(
         "gpumem_timeline",
         lambda run: _named(run, "loop_ops_timeline", "ratio"),
         "{:.3f}" + TIMES,
         "--timeline on a cell of 10,000 multiplies",
+        Spread(_timeline_spread("loop_ops_timeline", "loop_ops"), TIMELINE, null=1.0),
     ),
     "gpumem_timeline.recording_ops_x": Figure(
         "gpumem_timeline",
         lambda run: _named(run, "loop_ops_recording", "ratio"),
         "{:.3f}" + TIMES,
         "--timeline's recording alone on a cell of 10,000 multiplies",
+        Spread(_timeline_spread("loop_ops_recording", "loop_ops"), TIMELINE, null=1.0),
     ),
     "gpumem_timeline.timeline_empty_x": Figure(
         "gpumem_timeline",
         lambda run: _named(run, "loop_empty_timeline", "ratio"),
         "{:.3f}" + TIMES,
         "--timeline on a cell of 10,000 allocations",
+        Spread(_timeline_spread("loop_empty_timeline", "loop_empty"), TIMELINE, null=1.0),
     ),
     "gpumem_timeline.snapshot_ms": Figure(
         "gpumem_timeline",
@@ -529,13 +789,25 @@ FIGURES: dict[str, Figure] = {
     ),
     # bench_timing.py: %cudatime / CUPTI kernel time.
     "timing.spin_x": Figure(
-        "timing", lambda run: _timing(run, "spin", "gpumagic"), "{:.3f}", "spin 1 ms"
+        "timing",
+        lambda run: _timing(run, "spin", "gpumagic"),
+        "{:.3f}",
+        "spin 1 ms",
+        Spread(_timing_spread("spin"), TRIALS, null=1.0),
     ),
     "timing.copy_x": Figure(
-        "timing", lambda run: _timing(run, "copy", "gpumagic"), "{:.3f}", "copy 4x L2"
+        "timing",
+        lambda run: _timing(run, "copy", "gpumagic"),
+        "{:.3f}",
+        "copy 4x L2",
+        Spread(_timing_spread("copy"), TRIALS, null=1.0),
     ),
     "timing.mm_x": Figure(
-        "timing", lambda run: _timing(run, "bf16 mm", "gpumagic"), "{:.3f}", "bf16 mm 4096"
+        "timing",
+        lambda run: _timing(run, "bf16 mm", "gpumagic"),
+        "{:.3f}",
+        "bf16 mm 4096",
+        Spread(_timing_spread("bf16 mm"), TRIALS, null=1.0),
     ),
     "timing.copy_span_x": Figure(
         "timing",
@@ -556,7 +828,11 @@ FIGURES: dict[str, Figure] = {
         "side-stream mm, against the CUPTI span",
     ),
     "timing.side_stream_x": Figure(
-        "timing", lambda run: _timing(run, "side-stream", "gpumagic"), "{:.3f}", "side stream"
+        "timing",
+        lambda run: _timing(run, "side-stream", "gpumagic"),
+        "{:.3f}",
+        "side stream",
+        Spread(_timing_spread("side-stream"), TRIALS, null=1.0),
     ),
     "timing.mm_kernel_us": Figure(
         "timing",
@@ -980,9 +1256,12 @@ def setup(app: Sphinx) -> dict[str, Any]:
             return [inliner.problematic(rawtext, rawtext, msg)], [msg]
         inliner.document.settings.env.note_dependency(str(run.file))
         script = SCRIPTS.get(run.bench, run.bench)
-        node = nodes.abbreviation(
-            shown, shown, explanation=f"{script}, {run.short()} ({run.file.name})"
-        )
+        explanation = f"{script}, {run.short()} ({run.file.name})"
+        noise = FIGURES[key].noise(run)
+        if noise is not None:
+            width = FIGURES[key].spread_text(noise.spread)
+            explanation += f"; spread {width}: {noise.how}"
+        node = nodes.abbreviation(shown, shown, explanation=explanation)
         return [node], []
 
     def date_role(
