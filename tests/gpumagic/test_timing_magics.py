@@ -539,4 +539,6 @@ def test_a_note_is_shown_once_a_session(
     assert "without the setup" not in second
     assert "Timed on the host" not in second
     assert ("--graph needs CUDA: not used" in second) == NO_GPU
-    assert len(second.splitlines()) < len(first.splitlines())
+    # The notes (the "·" lines) are all gone; warnings ("!") depend on the run's noise.
+    assert any(line.startswith("  · ") for line in first.splitlines())
+    assert not any(line.startswith("  · ") for line in second.splitlines())
