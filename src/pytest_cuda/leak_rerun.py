@@ -1,12 +1,13 @@
-"""A leaking test, re-run alone in a fresh process with allocation stacks recorded.
+"""A leaking test, re-run alone in a fresh pytest process (``--cuda-leak-reruns N``).
 
-Without ``--cuda-leak-trace`` no stack is recorded (recording costs about 2 µs per CUDA
-allocation in every test), so a leak's report could name no line and no holder. The
-checker re-runs each leaking test (the first ``--cuda-leak-reruns`` of a session, 5 by
-default) as
-``python -m pytest NODEID --cuda-leak-check --cuda-leak-trace`` in the rootdir; the
-child writes its leak reports to the file named by :data:`ENV_OUT`, and the parent puts
-the line and holder it found into its own report. Clean tests never pay for it.
+Opt-in (the default check names the allocating line and the holder in the run itself):
+the first ``N`` leaking tests of a session are run again alone, to tell a leak that
+needs the tests before it (a cache an earlier test filled) from one that leaks alone.
+The child is a pytest child of this session, as the poison continuation's and
+``--cuda-rerun-blocking``'s are (:func:`pytest_cuda.continuation.child_argv_for`): the
+user's own command line, so it collects and configures the same way, narrowed to the
+one test (``--cuda-internal-resume``), with its own ``--basetemp`` and cache, without
+xdist; it writes its leak reports to the file named by :data:`ENV_OUT`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_cuda.continuation import child_argv_for
 from pytest_cuda.leak_report import LeakReport
 from pytest_cuda.leaks import Rerun
+from pytest_cuda.poison import child_env, write_nodeids
 
 if TYPE_CHECKING:
     import pytest
@@ -33,27 +35,32 @@ ENV_OUT = "PYTEST_CUDA_LEAK_RERUN_OUT"
 #: (:func:`pytest_cuda.leak_checker.kept_by_library`).
 LIBRARY_STEP = "held by a library cache"
 TIMEOUT_S = 300
+#: The mode that runs a child's share of the session's tests (``ResumedRun``).
+NARROWING_PLUGIN = "pytest_cuda.sync_plugin"
 
 
 def rerun_alone(config: pytest.Config, nodeid: str) -> Rerun:
-    """Run ``nodeid`` alone in a fresh process with stacks recorded; what it showed."""
+    """Run ``nodeid`` alone in a pytest child of this session; what it showed."""
+    if config.pluginmanager.is_blocked(NARROWING_PLUGIN):
+        return Rerun(
+            note=f"not re-run: a child that runs one test needs {NARROWING_PLUGIN}, which "
+            f"-p no:{NARROWING_PLUGIN} switched off"
+        )
     with tempfile.TemporaryDirectory(prefix="pytest-cuda-rerun-") as folder:
-        out = Path(folder) / "leaks.json"
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))
-        }
-        env[ENV_OUT] = str(out)
-        argv = [sys.executable, "-m", "pytest", nodeid, "--cuda-leak-check", "--cuda-leak-trace"]
-        argv += ["-p", "no:cacheprovider", "-q", "--no-header", "-rN"]
-        if config.pluginmanager.has_plugin("xdist"):
-            argv += ["-n", "0"]  # alone, whatever addopts says
+        workdir = Path(folder)
+        out = workdir / "leaks.json"
+        write_nodeids(workdir, [nodeid])
+        extra = (
+            f"--cuda-internal-resume={workdir}",
+            "--cuda-leak-check",
+            f"--cuda-leak-report={workdir / 'report.json'}",  # never the user's file
+        )
+        argv = child_argv_for(config, workdir, extra)
         try:
             done = subprocess.run(
                 argv,
-                cwd=config.rootpath,
-                env=env,
+                cwd=config.invocation_params.dir,
+                env=child_env({ENV_OUT: str(out)}),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,

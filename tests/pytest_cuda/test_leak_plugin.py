@@ -767,6 +767,39 @@ def test_a_leak_is_re_run_alone_on_request_to_tell_whether_it_needs_the_tests_be
     )
 
 
+def test_the_re_run_keeps_the_users_options(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(RERUN)
+    # The user's own tolerance (an ini override on the command line) reaches the child:
+    # its report says 1.0 KiB, where a child with default options would say 0 B.
+    result = pytester.runpytest(
+        "--cuda-leak-check", "--cuda-leak-reruns=1", "-o", "cuda_leak_tolerance=1KiB"
+    )
+    assert result.parseoutcomes() == {"passed": 2, "leaked": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "Re-run alone in a fresh process:",
+            "  test_leaks left 4.0 KiB (4,096 B) allocated on cuda:0; tolerance 1.0 KiB.",
+        ]
+    )
+
+
+def test_a_re_run_needs_the_mode_that_runs_one_test(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(RERUN)
+    result = pytester.runpytest(
+        "--cuda-leak-check", "--cuda-leak-reruns=1", "-p", "no:pytest_cuda.sync_plugin"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "Re-run alone in a fresh process: not re-run: a child that runs one test needs "
+            "pytest_cuda.sync_plugin, which -p no:pytest_cuda.sync_plugin switched off",
+        ]
+    )
+
+
 def test_re_runs_stop_at_their_number(
     pytester: pytest.Pytester, planted: Callable[[str], None]
 ) -> None:
