@@ -1,5 +1,5 @@
 """A fresh, real IPython shell per test, with gpumagic loaded; the same shell with the
-fake GPU of :mod:`memory_fake` (``gpu``), or on a real GPU with torch in use
+fake GPU of :mod:`fake_cuda` (``gpu``), or on a real GPU with torch in use
 (``gpu_shell``)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from memory_fake import FakeGpu, MiB
+
+from fake_cuda import FakeAllocator, MiB
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -31,10 +32,10 @@ def shell() -> Iterator[InteractiveShell]:
 
 
 @pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell) -> FakeGpu:
-    """The fake GPU of :mod:`memory_fake` behind gpumagic's CUDA seam, in ``shell`` as
+def gpu(monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell) -> FakeAllocator:
+    """The fake GPU of :mod:`fake_cuda` behind gpumagic's CUDA seam, in ``shell`` as
     ``gpu`` (with ``MiB``)."""
-    fake = FakeGpu(monkeypatch)
+    fake = FakeAllocator(2, initialized=True).install(monkeypatch)
     shell.user_ns["gpu"] = fake
     shell.user_ns["MiB"] = MiB
     return fake

@@ -1,12 +1,9 @@
-"""A pretend asynchronous GPU for the %lprun logic tests (tests only, no CUDA).
+"""A pretend asynchronous GPU for the %lprun logic tests: the seam's runtime, faked.
 
-``launch(seconds)`` queues work and returns at once, like a CUDA kernel launch;
-``synchronize`` and ``item`` wait until the queued work is done, in real time. Events
-carry the real time at which the pretend GPU reaches them (for ``event_completed``) and
-the pretend GPU's own clock, which advances only by the work launched: spans between
-events are what the GPU worked, however late a loaded host records them. ``install``
-swaps it in through the GPU seam (``gpumagic.cuda``), the one place the profiler
-touches CUDA.
+``launch(seconds)`` queues work and returns at once, like a kernel launch; ``synchronize``
+and ``item`` wait in real time until it is done. Events carry the real time the pretend
+GPU reaches them and its own clock, which advances only by the work launched, so spans
+between events are what the GPU worked however late a loaded host records them.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fake_cuda import install
 from gpumagic import cuda
 
 if TYPE_CHECKING:
@@ -97,14 +95,12 @@ class FakeDevice:
         self.debug_mode = mode
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
-        monkeypatch.setattr(cuda, "devices_with_context", lambda: (0,))
-        monkeypatch.setattr(cuda, "visible_device_total", lambda: 1)
-        monkeypatch.setattr(cuda, "synchronize", self.synchronize)
-        monkeypatch.setattr(cuda, "stream_is_capturing", lambda: self.capturing)
-        monkeypatch.setattr(cuda, "record_event", self.record_event)
-        monkeypatch.setattr(cuda, "event_completed", self.event_completed)
-        monkeypatch.setattr(cuda, "elapsed_ms", self.elapsed_ms)
-        monkeypatch.setattr(cuda, "allocation_marks", self.allocation_marks)
-        monkeypatch.setattr(cuda, "get_sync_debug_mode", lambda: self.debug_mode)
-        monkeypatch.setattr(cuda, "set_sync_debug_mode", self.set_sync_debug_mode)
+        install(
+            monkeypatch,
+            self,
+            devices_with_context=lambda: (0,),
+            visible_device_total=lambda: 1,
+            stream_is_capturing=lambda: self.capturing,
+            get_sync_debug_mode=lambda: self.debug_mode,
+        )
         return self

@@ -18,6 +18,7 @@ import pytest
 from fake_cuda_device import FakeDevice
 from line_profiler import LineProfiler
 
+from fake_cuda import install
 from gpumagic.lineprof import GpuLineProfiler
 from gpumagic.lineprof_hook import peak_above, statement_lines
 from gpumagic.lineprof_install import ProfilerBusy
@@ -212,13 +213,14 @@ def test_a_failing_synchronize_stops_the_cuda_work_not_the_code(dev: FakeDevice)
 def test_cuda_starting_within_the_run_is_picked_up(
     dev: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpumagic import cuda
-
     started: list[int] = []
     queued: list[Callable[[], object]] = []
-    monkeypatch.setattr(cuda, "devices_with_context", lambda: tuple(started))
-    monkeypatch.setattr(cuda, "is_initialized", lambda: bool(started))
-    monkeypatch.setattr(cuda, "on_cuda_init", lambda call: queued.append(call) or True)
+    install(
+        monkeypatch,
+        devices_with_context=lambda: tuple(started),
+        is_initialized=lambda: bool(started),
+        on_cuda_init=lambda call: queued.append(call) or True,
+    )
 
     def start_cuda() -> None:
         """What torch's lazy initialisation does: a context, then the queued calls."""
@@ -239,13 +241,10 @@ def test_cuda_starting_within_the_run_is_picked_up(
 
 
 def test_without_cuda_nothing_is_synchronized(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpumagic import cuda
-
     # No context in this process, as far as the profiler can tell (on the GPU machine,
     # earlier tests may have created one).
-    monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
     synchronized: list[tuple[int, ...]] = []
-    monkeypatch.setattr(cuda, "synchronize", synchronized.append)
+    install(monkeypatch, devices_with_context=lambda: (), synchronize=synchronized.append)
     prof = profile(lambda: sum(range(100)))
     result = prof.result()
     assert not result.cuda_used
@@ -257,12 +256,13 @@ def test_without_cuda_line_profilers_tracer_runs_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No hook, so no cost beyond line_profiler's: its own numbers, unchanged."""
-    from gpumagic import cuda
-
-    monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
-    monkeypatch.setattr(cuda, "is_initialized", lambda: False)
     queued: list[Callable[[], object]] = []
-    monkeypatch.setattr(cuda, "on_cuda_init", lambda call: queued.append(call) or True)
+    install(
+        monkeypatch,
+        devices_with_context=lambda: (),
+        is_initialized=lambda: False,
+        on_cuda_init=lambda call: queued.append(call) or True,
+    )
 
     def busy(n: int) -> int:
         a = 0

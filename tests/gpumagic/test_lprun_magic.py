@@ -18,6 +18,7 @@ from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.error import UsageError
 from line_profiler import LineStats
 
+from fake_cuda import install
 from gpumagic.lprun_magics import LprunMagics
 
 if TYPE_CHECKING:
@@ -67,9 +68,7 @@ def cell(shell: InteractiveShell, source: str) -> None:
 def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process has no CUDA context, as far as %lprun can tell (on the GPU machine
     earlier tests may have created one)."""
-    from gpumagic import cuda
-
-    monkeypatch.setattr(cuda, "devices_with_context", lambda: ())
+    install(monkeypatch, devices_with_context=lambda: ())
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The core of %gpumem: the namespace walk, peaks, trace grouping, ladders and text.
 
-Plain calls, CPU tensors and a fake seam (``memory_fake``); the real seam runs in
+Plain calls, CPU tensors and a fake seam (``fake_cuda``); the real seam runs in
 ``test_memory_gpu.py`` on the GPU machine.
 """
 
@@ -13,10 +13,10 @@ import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
-from memory_fake import FakeGpu, GiB, MiB
 
-from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text, stacks
-from gpumagic.cuda import AllocatorStats
+from fake_cuda import FakeAllocator, GiB, MiB, install
+from gpumagic import memory, memory_cell, memory_holders, memory_text, stacks
+from gpumagic.cuda import AllocatorStats, allocator
 from gpumagic.devices import DeviceInfo
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
@@ -223,7 +223,7 @@ def test_cell_peak(
 def test_cell_meter_resets_only_when_an_earlier_peak_would_hide_the_cells(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gpu = FakeGpu(monkeypatch)
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
     meter = memory_cell.CellMeter(gpu.devices, "In[1]")
     meter.start()
     block = gpu.alloc(GiB)
@@ -250,7 +250,7 @@ def test_cell_meter_resets_only_when_an_earlier_peak_would_hide_the_cells(
 
 
 def test_keep_peak_never_resets_and_reports_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch)
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
     gpu.free(gpu.alloc(GiB))
     meter = memory_cell.CellMeter(gpu.devices, "In[3]", keep_peak=True)
     meter.start()
@@ -264,7 +264,7 @@ def test_keep_peak_never_resets_and_reports_a_bound(monkeypatch: pytest.MonkeyPa
 def test_cell_meter_reports_reserved_growth_and_process_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gpu = FakeGpu(monkeypatch, initialized=False)
+    gpu = FakeAllocator(2).install(monkeypatch)
     meter = memory_cell.CellMeter(gpu.devices, "In[4]")
     meter.start()
     gpu.alloc(256 * MiB, device=1)
@@ -281,7 +281,7 @@ def test_cell_meter_reports_reserved_growth_and_process_change(
 
 
 def test_watch_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch)
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
     meter = memory_cell.CellMeter(gpu.devices, "In[5]")
     meter.start()
     gpu.alloc(256 * MiB)
@@ -290,7 +290,7 @@ def test_watch_line(monkeypatch: pytest.MonkeyPatch) -> None:
         "gpumem In[5]: cuda:0 allocated +256.0 MiB → 256.0 MiB, peak 256.0 MiB (+256.0 MiB), "
         "reserved 256.0 MiB (+256.0 MiB)"
     )
-    idle = FakeGpu(monkeypatch, initialized=False)
+    idle = FakeAllocator(2).install(monkeypatch)
     meter = memory_cell.CellMeter(idle.devices, "In[6]")
     meter.start()
     assert memory_text.format_watch_line(meter.finish()) == (
@@ -428,7 +428,7 @@ DEVICES = (
 
 
 def test_the_ladder_adds_up_to_what_nvidia_smi_shows(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch)
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
     gpu.alloc(GiB)
     gpu.free(gpu.alloc(512 * MiB))  # leaves 512 MiB cached
     state = memory.read_devices(gpu.devices)[0]
@@ -457,7 +457,7 @@ def test_the_ladder_adds_up_to_what_nvidia_smi_shows(monkeypatch: pytest.MonkeyP
 def test_before_cuda_is_initialised_only_nvml_figures_are_shown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gpu = FakeGpu(monkeypatch, initialized=False)
+    gpu = FakeAllocator(2).install(monkeypatch)
     state = memory.read_devices(gpu.devices)[0]
     assert state.allocated is None
     assert state.this_process is None
@@ -469,7 +469,7 @@ def test_before_cuda_is_initialised_only_nvml_figures_are_shown(
 
 
 def test_without_nvml_torch_figures_come_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch, nvml=False)
+    gpu = FakeAllocator(2, initialized=True, nvml=False).install(monkeypatch)
     gpu.alloc(GiB)
     state = memory.read_devices(gpu.devices)[0]
     assert (state.allocated, state.processes, state.device_used) == (GiB, None, None)
@@ -480,7 +480,7 @@ def test_without_nvml_torch_figures_come_with_a_note(monkeypatch: pytest.MonkeyP
 
 
 def test_mig_and_container_pids_are_explained(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch, others={0: [(7, None)]})
+    gpu = FakeAllocator(2, initialized=True, others={0: [(7, None)]}).install(monkeypatch)
     gpu.list_self = False
     gpu.alloc(MiB)
     text = memory_text.format_report(
@@ -492,7 +492,7 @@ def test_mig_and_container_pids_are_explained(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_gc_and_empty_cache_report_what_they_released(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch, n=1)
+    gpu = FakeAllocator(1, initialized=True).install(monkeypatch)
 
     class Cycle:
         def __init__(self) -> None:
@@ -523,7 +523,7 @@ def test_gc_and_empty_cache_report_what_they_released(monkeypatch: pytest.Monkey
 def test_empty_cache_before_cuda_is_initialised_does_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gpu = FakeGpu(monkeypatch, initialized=False)
+    gpu = FakeAllocator(2).install(monkeypatch)
     report = memory.read_report(gpu.devices, summary="s", empty_cache=True)
     assert gpu.empty_cache_calls == 0
     assert not gpu.initialized
@@ -534,14 +534,14 @@ def test_empty_cache_before_cuda_is_initialised_does_nothing(
 
 
 def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch, n=1)
+    gpu = FakeAllocator(1, initialized=True).install(monkeypatch)
     gpu.alloc(100 * 4 + 1000)  # x and an unnamed 1000 B tensor
 
-    def facts(obj: object) -> Any:
-        found = cuda.tensor_facts(obj)
+    def facts(obj: object) -> Any:  # the real seam's facts, of a CPU tensor made cuda:0's
+        found = allocator.tensor_facts(obj)
         return None if found is None else found.__class__(**{**found.__dict__, "device": "cuda:0"})
 
-    gpu.seam.overrides["tensor_facts"] = facts
+    install(monkeypatch, tensor_facts=facts)
     roots = memory_holders.namespace_roots({"x": torch.empty(100)})
     report = memory.read_report(gpu.devices, summary="s", top=5, roots=roots)
     assert report.scan is not None
@@ -560,7 +560,7 @@ def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.Mo
 
 
 def test_results_serialise_and_render_self_contained_html(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeGpu(monkeypatch)
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
     gpu.alloc(GiB)
     report = memory.read_report(gpu.devices, summary="torch 2.11 <&>", peak_resets=())
     result = GpuMemResult(report)

@@ -1,7 +1,7 @@
 """%gpumem and %%gpumem through a real InteractiveShell: options, output, errors.
 
 Without CUDA (``CUDA_VISIBLE_DEVICES=''`` forces that path on any machine) and with the
-fake seam of ``memory_fake``; the real GPU is exercised by ``test_memory_gpu.py``.
+fake seam of ``fake_cuda``; the real GPU is exercised by ``test_memory_gpu.py``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 from IPython.core.error import UsageError
-from memory_fake import FakeGpu, GiB, MiB
 
+from fake_cuda import FakeAllocator, GiB, MiB, install
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def test_bad_cell_options_are_usage_errors_and_the_cell_does_not_run(
 
 
 def test_an_unknown_device_is_a_usage_error_naming_the_visible_ones(
-    shell: InteractiveShell, gpu: FakeGpu
+    shell: InteractiveShell, gpu: FakeAllocator
 ) -> None:
     with pytest.raises(UsageError, match=r"there is no cuda:5 here \(visible: cuda:0, cuda:1\)"):
         shell.run_line_magic("gpumem", "--device 5")
@@ -164,7 +164,7 @@ def test_the_help_documents_the_options(shell: InteractiveShell) -> None:
 
 
 def test_gpumem_shows_every_device_as_text_and_html(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpu.alloc(GiB)
     shell.run_cell("%gpumem")
@@ -179,20 +179,21 @@ def test_gpumem_shows_every_device_as_text_and_html(
 
 
 def test_top_names_the_tensors_and_gc_empty_cache_report_releases(
-    shell: InteractiveShell, gpu: FakeGpu
+    shell: InteractiveShell, gpu: FakeAllocator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch = pytest.importorskip("torch")
     from gpumagic import cuda
+    from gpumagic.cuda import allocator
 
-    def as_cuda(obj: object) -> cuda.TensorFacts | None:
-        found = cuda.tensor_facts(obj)
+    def as_cuda(obj: object) -> cuda.TensorFacts | None:  # the real seam's, made cuda:0's
+        found = allocator.tensor_facts(obj)
         if found is None:
             return None
         return cuda.TensorFacts(
             found.storage, found.nbytes, "cuda:0", found.shape, found.dtype, found.grad, found.view
         )
 
-    gpu.seam.overrides["tensor_facts"] = as_cuda
+    install(monkeypatch, tensor_facts=as_cuda)
     shell.user_ns["torch"] = torch
     shell.run_cell("x = torch.empty(1000)\nv = x[:10]\n_hidden = torch.empty(10)\nx")
     gpu.alloc(4000 + 40)
@@ -207,7 +208,7 @@ def test_top_names_the_tensors_and_gc_empty_cache_report_releases(
 
 
 def test_cell_magic_reports_the_change_and_shows_the_cells_value(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shell.run_cell("%%gpumem\nblock = gpu.alloc(256 * MiB)\n'value'")
     out = capsys.readouterr().out
@@ -217,7 +218,7 @@ def test_cell_magic_reports_the_change_and_shows_the_cells_value(
     assert "cuda:1" not in out  # unchanged devices are left out
 
 
-def test_cell_magic_o_returns_the_result(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_cell_magic_o_returns_the_result(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     gpu.free(gpu.alloc(GiB))  # an earlier peak above what is allocated now
     result = shell.run_cell_magic("gpumem", "-o", "gpu.free(gpu.alloc(256 * MiB))")
     (device, _) = result.to_dict()["devices"]
@@ -232,7 +233,7 @@ def test_cell_magic_o_returns_the_result(shell: InteractiveShell, gpu: FakeGpu) 
     )
 
 
-def test_keep_peak_leaves_the_counters_alone(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_keep_peak_leaves_the_counters_alone(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     gpu.free(gpu.alloc(GiB))
     result = shell.run_cell_magic("gpumem", "--keep-peak -o", "gpu.free(gpu.alloc(MiB))")
     assert gpu.resets == []
@@ -240,7 +241,7 @@ def test_keep_peak_leaves_the_counters_alone(shell: InteractiveShell, gpu: FakeG
 
 
 def test_an_exception_in_the_cell_still_reports_and_stops_recording(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shell.run_cell("%%gpumem --trace\nkept = gpu.alloc(MiB)\nraise ValueError('boom')")
     out = capsys.readouterr()
@@ -250,7 +251,7 @@ def test_an_exception_in_the_cell_still_reports_and_stops_recording(
 
 
 def test_an_exception_in_the_cell_fails_the_cell(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """As without the magic: "Run All", nbclient and papermill stop at the error."""
     result = shell.run_cell("%%gpumem\nkept = gpu.alloc(MiB)\nraise ValueError('boom')")
@@ -268,7 +269,7 @@ def test_tracebacks_name_the_cell_being_run(
     cuda_here: bool,
 ) -> None:
     if cuda_here:
-        FakeGpu(monkeypatch)
+        FakeAllocator(2, initialized=True).install(monkeypatch)
     shell.InteractiveTB.set_mode("Plain")
     for _ in range(3):
         shell.run_cell("pass", store_history=True)
@@ -288,7 +289,7 @@ def test_tracebacks_name_the_cell_being_run(
 
 
 def test_trace_names_the_line_that_allocated_what_is_left(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shell.run_cell("def make():\n    return gpu.alloc(8 * MiB)\n", store_history=True)
     cell = "a = 1\nkept = gpu.alloc(64 * MiB)\ngpu.free(gpu.alloc(MiB))\nmade = make()"
@@ -308,7 +309,9 @@ def test_trace_names_the_line_that_allocated_what_is_left(
     assert "In[1] line 2 (make): return gpu.alloc(8 * MiB)  [via In[2] line 4]" in text
 
 
-def test_trace_lists_only_what_this_cell_allocated(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_trace_lists_only_what_this_cell_allocated(
+    shell: InteractiveShell, gpu: FakeAllocator
+) -> None:
     # The allocator keeps the stack of a block allocated while an earlier --trace cell
     # recorded; a later --trace cell must not charge that block to itself.
     shell.run_cell("%%gpumem --trace\nearlier = gpu.alloc(2 * MiB)\n", store_history=True)
@@ -317,7 +320,7 @@ def test_trace_lists_only_what_this_cell_allocated(shell: InteractiveShell, gpu:
     assert [(t["where"], t["nbytes"]) for t in trace] == [("In[2] line 1", 4 * MiB)]
 
 
-def test_trace_keeps_the_users_own_recording(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_trace_keeps_the_users_own_recording(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     gpu.user_recording = True
     old = gpu.alloc(MiB)  # recorded by the user's recording, before the cell
     result = shell.run_cell_magic("gpumem", "--trace -o", "new = gpu.alloc(2 * MiB)")
@@ -329,7 +332,7 @@ def test_trace_keeps_the_users_own_recording(shell: InteractiveShell, gpu: FakeG
 
 
 def test_watch_prints_one_line_per_cell_until_off(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shell.run_cell("%gpumem watch", store_history=True)
     assert "watching GPU memory after every cell" in capsys.readouterr().out
@@ -350,7 +353,9 @@ def test_watch_prints_one_line_per_cell_until_off(
     assert not [f for f in shell.events.callbacks["post_run_cell"] if "GpuMem" in repr(f)]
 
 
-def test_unloading_the_extension_stops_watching(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_unloading_the_extension_stops_watching(
+    shell: InteractiveShell, gpu: FakeAllocator
+) -> None:
     shell.run_line_magic("gpumem", "watch")
     shell.run_line_magic("unload_ext", "gpumagic")
     assert not [f for f in shell.events.callbacks["pre_run_cell"] if "GpuMem" in repr(f)]
@@ -359,7 +364,7 @@ def test_unloading_the_extension_stops_watching(shell: InteractiveShell, gpu: Fa
 def test_gpumem_before_cuda_is_used_creates_nothing(
     shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gpu = FakeGpu(monkeypatch, initialized=False)
+    gpu = FakeAllocator(2).install(monkeypatch)
     shell.run_cell("%gpumem --top 3 --empty-cache")
     out = capsys.readouterr().out
     assert not gpu.initialized

@@ -1,5 +1,5 @@
 """``%%gpumem --timeline`` through a real ``InteractiveShell``, on the fake GPU of
-:mod:`memory_fake` (the real allocator: ``test_memory_gpu.py``)."""
+:mod:`fake_cuda` (the real allocator: ``test_memory_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from memory_fake import FakeGpu, GiB, MiB
 
+from fake_cuda import FakeAllocator, GiB, MiB, install
 from gpumagic.memory_timeline import TIMELINE_MAX_ENTRIES
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 CELL = "keep = gpu.alloc(256 * MiB)\ntmp = gpu.alloc(1024 * MiB)\ngpu.free(tmp)\n"
 
 
-def test_the_peak_names_both_lines(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_the_peak_names_both_lines(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     before = gpu.alloc(16 * MiB)
     result = shell.run_cell_magic("gpumem", "--timeline -o", CELL)
     (timeline,) = result.to_dict()["timeline"]
@@ -39,7 +39,7 @@ def test_the_peak_names_both_lines(shell: InteractiveShell, gpu: FakeGpu) -> Non
 
 
 def test_recording_is_the_cheap_setting_and_is_switched_off(
-    shell: InteractiveShell, gpu: FakeGpu
+    shell: InteractiveShell, gpu: FakeAllocator
 ) -> None:
     shell.run_cell_magic("gpumem", "--timeline -o", CELL)
     assert gpu.history_starts == 1
@@ -53,19 +53,19 @@ def test_recording_is_the_cheap_setting_and_is_switched_off(
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_garbage_collector_is_left_as_it_was(
-    shell: InteractiveShell, gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch, enabled: bool
+    shell: InteractiveShell, gpu: FakeAllocator, monkeypatch: pytest.MonkeyPatch, enabled: bool
 ) -> None:
     # The snapshot and the replay run with the collector off; a user's choice stands.
     import gc
 
     seen: list[bool] = []
-    snapshot = gpu.snapshot
+    snapshot = gpu.memory_snapshot
 
     def watched() -> dict[str, Any]:
         seen.append(gc.isenabled())
         return snapshot()
 
-    gpu.seam.overrides["memory_snapshot"] = watched
+    install(monkeypatch, memory_snapshot=watched)
     (gc.enable if enabled else gc.disable)()
     try:
         shell.run_cell_magic("gpumem", "--timeline -o", CELL)
@@ -76,7 +76,7 @@ def test_the_garbage_collector_is_left_as_it_was(
 
 
 def test_an_exception_in_the_cell_still_draws_and_switches_recording_off(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     result = shell.run_cell("%%gpumem --timeline\nkept = gpu.alloc(MiB)\nraise ValueError('x')")
     assert not result.success
@@ -85,7 +85,7 @@ def test_an_exception_in_the_cell_still_draws_and_switches_recording_off(
 
 
 def test_the_terminal_shows_a_sparkline_and_the_table_at_the_peak(
-    shell: InteractiveShell, gpu: FakeGpu, capsys: pytest.CaptureFixture[str]
+    shell: InteractiveShell, gpu: FakeAllocator, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shell.run_cell("%%gpumem --timeline\n" + CELL)
     out = capsys.readouterr().out
@@ -94,7 +94,7 @@ def test_the_terminal_shows_a_sparkline_and_the_table_at_the_peak(
     assert "256.0 MiB       1  In[1] line 1: keep = gpu.alloc(256 * MiB)" in out
 
 
-def test_the_notebook_gets_the_svg(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_the_notebook_gets_the_svg(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     html = shell.run_cell_magic("gpumem", "--timeline -o", CELL)._repr_html_()
     assert "<svg " in html
     assert "<title>In[1] line 2: tmp = gpu.alloc(1024 * MiB) · 1.0 GiB</title>" in html
@@ -102,7 +102,9 @@ def test_the_notebook_gets_the_svg(shell: InteractiveShell, gpu: FakeGpu) -> Non
     assert "<script" not in html
 
 
-def test_only_the_devices_the_cell_used_are_drawn(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_only_the_devices_the_cell_used_are_drawn(
+    shell: InteractiveShell, gpu: FakeAllocator
+) -> None:
     result = shell.run_cell_magic("gpumem", "--timeline -o", "x = gpu.alloc(MiB, device=1)")
     assert [t["device"] for t in result.to_dict()["timeline"]] == [1]
     nothing = shell.run_cell_magic("gpumem", "--timeline -o", "y = 1")
@@ -111,7 +113,7 @@ def test_only_the_devices_the_cell_used_are_drawn(shell: InteractiveShell, gpu: 
     assert "Timeline cuda:0 (0 allocator events)" in nothing.text()
 
 
-def test_with_trace_one_recording_serves_both(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_with_trace_one_recording_serves_both(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     result = shell.run_cell_magic("gpumem", "--trace --timeline -o", CELL)
     data = result.to_dict()
     assert [t["nbytes"] for t in data["trace"]] == [256 * MiB]
@@ -122,7 +124,7 @@ def test_with_trace_one_recording_serves_both(shell: InteractiveShell, gpu: Fake
 
 
 def test_a_users_recording_with_events_is_read_and_kept(
-    shell: InteractiveShell, gpu: FakeGpu
+    shell: InteractiveShell, gpu: FakeAllocator
 ) -> None:
     gpu.user_recording = gpu.user_events = True
     old = gpu.alloc(32 * MiB)  # in the user's ring, before the cell
@@ -139,7 +141,7 @@ def test_a_users_recording_with_events_is_read_and_kept(
 
 
 def test_a_users_recording_without_events_says_what_is_missing(
-    shell: InteractiveShell, gpu: FakeGpu
+    shell: InteractiveShell, gpu: FakeAllocator
 ) -> None:
     gpu.user_recording = True  # enabled="state": no event history
     result = shell.run_cell_magic("gpumem", "--timeline -o", CELL)
@@ -149,7 +151,7 @@ def test_a_users_recording_without_events_says_what_is_missing(
     assert "record with enabled='all'" in result.text()
 
 
-def test_a_ring_that_wrapped_is_said(shell: InteractiveShell, gpu: FakeGpu) -> None:
+def test_a_ring_that_wrapped_is_said(shell: InteractiveShell, gpu: FakeAllocator) -> None:
     gpu.user_recording = gpu.user_events = True
     gpu.user_max_entries = 2
     result = shell.run_cell_magic("gpumem", "--timeline -o", CELL)

@@ -8,7 +8,6 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import leak_fakes
 import pytest
 
 from gpumagic import cuda
@@ -76,16 +75,17 @@ def fake_gpus(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Fak
 
 
 # ---------------------------------------------------------------------------
-# Planted suites on the fake allocator (leak_fakes.py), for the leak checks' tests.
+# Planted suites on the fake allocator (fake_cuda.py), for the leak checks' tests.
 
 LEAK_CONFTEST = """
 import os
 
 import pytest
 
-import leak_fakes
+from fake_cuda import FakeAllocator
 
-FAKE = leak_fakes.install(int(os.environ.get("LEAK_FAKE_DEVICES", "1")))
+FAKE = FakeAllocator(int(os.environ.get("LEAK_FAKE_DEVICES", "1")))
+FAKE.install(pytest.MonkeyPatch())  # for good: the outer test puts the seam back
 
 
 def pytest_configure(config):
@@ -105,10 +105,10 @@ def fake_cuda():
 def planted(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """``planted(source)`` writes a suite that runs on the fake allocator; the seam's
     real functions are put back after the test whatever the inner run did."""
-    for name in leak_fakes.seam_names():
+    for name in cuda.__all__:
         monkeypatch.setattr(cuda, name, getattr(cuda, name))
     monkeypatch.delenv("LEAK_FAKE_DEVICES", raising=False)
-    pytester.makepyfile(leak_fakes=(Path(__file__).parent / "leak_fakes.py").read_text())
+    pytester.makepyfile(fake_cuda=(Path(__file__).parents[1] / "fake_cuda.py").read_text())
     pytester.makeconftest(LEAK_CONFTEST)
     # pytester's in-process runs keep every earlier run's objects: a large heap for the
     # holder search, which has no time limit to meet here.

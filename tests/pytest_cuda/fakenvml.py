@@ -1,19 +1,12 @@
 """Made-up GPUs for plugin tests on machines without them: NVML's answers, nothing more.
 
-A planted suite's ``conftest.py`` calls :func:`install` at import, in the pytest process
-and in every xdist worker. It swaps two discovery inputs of :mod:`gpumagic.cuda`: the
-NVML library (boards, MIG instances, memory, driver version) and torch's version file.
-Everything downstream (``CUDA_VISIBLE_DEVICES`` in its index, UUID and MIG forms, the
-plugin's selection and pinning) runs for real. No CUDA work is faked: a test that
-launches a kernel on a made-up GPU fails as it would without a GPU.
-
-The machine is described by JSON in ``$PYTEST_CUDA_FAKE_GPUS``::
-
-    {"torch": "2.11.0+cu130", "cuda": "13.0", "driver": "580.95.05",
-     "boards": [{"name": "NVIDIA H200", "uuid": "GPU-fake-0", "total": 150…, "free": 140…,
-                 "capability": [9, 0], "migs": [{"name": …, "uuid": "MIG-…", …}]}]}
-
-``"cuda": null`` makes torch a CPU-only build; ``"boards": []`` a driver without GPUs.
+A planted suite's ``conftest.py`` calls :func:`install` at import (pytest process and
+xdist workers): :mod:`gpumagic.cuda`'s discovery then reads the NVML library and torch's
+version file from the machine in ``$PYTEST_CUDA_FAKE_GPUS`` and runs for real on top
+(``CUDA_VISIBLE_DEVICES`` in all its forms, selection, pinning). No CUDA work is faked.
+The JSON: ``{"torch": "2.11.0+cu130", "cuda": "13.0", "driver": "580.95.05", "boards":
+[board(0), …]}``; ``"cuda": null`` is a CPU-only torch, ``"boards": []`` a driver
+without GPUs.
 """
 
 from __future__ import annotations
@@ -162,14 +155,9 @@ class StandInDevice:
 
 
 def install_torch_stand_in() -> None:
-    """Put a stand-in for torch in ``sys.modules``, for planted runs about device selection.
-
-    Importing the real torch costs about 1.6 s of CPU in each process, and an xdist run
-    starts two to four of them; what those runs check is which devices the plugin hands
-    each worker (``CUDA_VISIBLE_DEVICES``, ``selected_devices``, the fixtures' device
-    names), for which the fixtures only build device objects. The real ``torch.device``
-    objects are checked on a GPU (test_plugin_gpu.py, test_plugin_two_gpus.py).
-    """
+    """A stand-in for torch in ``sys.modules``, for planted runs about which devices each
+    xdist worker gets: the real torch costs 1.6 s of CPU per process, and the fixtures
+    only build device objects (the real ones: test_plugin_gpu.py on a GPU)."""
     if "torch" in sys.modules:
         return
     torch = ModuleType("torch")

@@ -1,6 +1,6 @@
-"""The leak checks through real pytest runs, on a fake allocator (see leak_fakes.py).
+"""The leak checks through real pytest runs, on a fake allocator (see fake_cuda.py).
 
-The planted suites' conftest installs :mod:`leak_fakes` in place of the allocator side
+The planted suites' conftest installs :mod:`fake_cuda` in place of the allocator side
 of :mod:`gpumagic.cuda` and hands the fake to the tests as ``fake_cuda``; the plugin,
 its hooks and :mod:`pytest_cuda.leaks` run for real.
 """
@@ -16,12 +16,12 @@ from gpumagic import cuda
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import leak_fakes
+    from fake_cuda import FakeAllocator
 
 
-def installed() -> leak_fakes.FakeAllocator:
+def installed() -> FakeAllocator:
     """The fake the last in-process run installed."""
-    fake = cuda.is_initialized.__self__  # type: ignore[attr-defined]
+    fake = cuda.allocator_stats.__self__  # type: ignore[attr-defined]
     assert isinstance(fake.blocks, dict)
     return fake  # type: ignore[no-any-return]
 

@@ -1,5 +1,5 @@
 """The leak check's verdicts as CI reads them and as the heap decides them, through real
-pytest runs on the fake allocator (``planted``, see conftest.py and leak_fakes.py):
+pytest runs on the fake allocator (``planted``, see conftest.py and fake_cuda.py):
 the ``--cuda-leak-report`` JSON file, JUnit properties, the totals line, the
 ``cuda_leak_tolerance`` ini default, the holder search's time limit, and the test's own
 heap collected before the whole heap."""

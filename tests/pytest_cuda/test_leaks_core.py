@@ -11,9 +11,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import leak_fakes
 import pytest
 
+from fake_cuda import FakeAllocator
 from gpumagic import cuda
 from gpumagic.stacks import (
     Block,
@@ -41,17 +41,13 @@ from pytest_cuda.leaks import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from leak_fakes import FakeAllocator
-
 MIB = 1024**2
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
     """A fake allocator in the seam; the real functions are put back afterwards."""
-    for name in leak_fakes.seam_names():
-        monkeypatch.setattr(cuda, name, getattr(cuda, name))
-    return leak_fakes.install()
+    return FakeAllocator().install(monkeypatch)
 
 
 class Scripted:
@@ -477,10 +473,10 @@ def test_a_workspace_from_before_the_block_cannot_hide_a_leak(fake: FakeAllocato
 
 def test_recording_the_user_started_is_left_on(fake: FakeAllocator) -> None:
     fake.init()
-    fake.recording = True
+    fake.user_recording = True
     with pytest.raises(CudaLeakError), no_cuda_leak():
         LEAKED.append(fake.tensor(4))
-    assert fake.recording
+    assert fake.user_recording
     assert "stop_memory_history" not in fake.calls
 
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from fake_cuda import install
 from gpumagic import cuda
 from gpumagic.devices import CudaStatus
 
@@ -38,7 +39,7 @@ def no_launch_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
     (the refusal has its own tests, in fresh processes).
     """
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
-    monkeypatch.setattr(cuda, "is_initialized", lambda: False)
+    install(monkeypatch, is_initialized=lambda: False)
 
 
 def test_help_shows_the_options(pytester: pytest.Pytester) -> None:
@@ -307,8 +308,11 @@ def test_an_implicit_sync_fails_in_one_line(
     # torch's error (raised in the block) is replaced by the report, not chained to it.
     from pytest_cuda.sync_checks import no_implicit_sync
 
-    monkeypatch.setattr(cuda, "status", lambda: CudaStatus(True, ""))
-    monkeypatch.setattr(cuda, "forbid_implicit_sync", contextlib.nullcontext)
+    install(
+        monkeypatch,
+        status=lambda: CudaStatus(True, ""),
+        forbid_implicit_sync=contextlib.nullcontext,
+    )
     with pytest.raises(pytest.fail.Exception) as caught, no_implicit_sync(pytestconfig):
         raise RuntimeError(cuda.SYNC_WARNING_MESSAGE)
     assert str(caught.value).startswith("cuda_no_sync: implicit host-device synchronization:")
