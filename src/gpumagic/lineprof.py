@@ -54,19 +54,6 @@ __all__ = [
 # -- torch.compile and nn.Module ----------------------------------------------------
 
 
-def _is_torch_compiled(obj: object) -> bool:
-    return getattr(obj, "_torchdynamo_orig_callable", None) is not None or (
-        type(obj).__name__ == "OptimizedModule" and hasattr(obj, "_orig_mod")
-    )
-
-
-def _is_nn_module(obj: object) -> bool:
-    return any(
-        cls.__name__ == "Module" and cls.__module__ == "torch.nn.modules.module"
-        for cls in type(obj).__mro__
-    )
-
-
 def _compiled_calls(func: Any, code: CodeType) -> list[tuple[int, str]]:
     """Lines of ``code`` that load a torch.compile'd global: they run it as one step."""
     namespace = getattr(func, "__globals__", None)
@@ -77,7 +64,7 @@ def _compiled_calls(func: Any, code: CodeType) -> list[tuple[int, str]]:
         if instruction.opname not in ("LOAD_GLOBAL", "LOAD_NAME"):
             continue
         name = instruction.argval
-        if isinstance(name, str) and _is_torch_compiled(namespace.get(name)):
+        if isinstance(name, str) and cuda.is_compiled(namespace.get(name)):
             line = instruction.positions.lineno if instruction.positions else None
             if line is not None:
                 found.append((line, name))
@@ -165,14 +152,14 @@ class GpuLineProfiler(LineProfiler):
         ``nn.Module`` (its ``forward``), or a torch.compile'd callable (which cannot be
         line-profiled: said in :attr:`notes`). Returns how many functions were added."""
         shown = name or getattr(obj, "__qualname__", None) or type(obj).__name__
-        if _is_torch_compiled(obj):
+        if cuda.is_compiled(obj):
             self.notes.append(
                 f"{shown} is torch.compile'd: it runs as generated code, so it has no line "
                 "timings of its own and shows as one opaque line in the functions that "
                 "call it. Profile the uncompiled function to see its lines."
             )
             return 0
-        if _is_nn_module(obj) and not callable(getattr(obj, "__code__", None)):
+        if cuda.is_module(obj) and not callable(getattr(obj, "__code__", None)):
             forward = getattr(obj, "forward", None)
             if forward is not None:
                 self.notes.append(f"{shown} is an nn.Module: profiling its forward().")

@@ -140,7 +140,7 @@ class LeakChecker:
         if cuda.is_initialized():
             self.recording.ensure()
         elif cuda.status().available:
-            cuda.torch_module()
+            cuda.start_torch()
             self.recording.ensure_at_init()
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

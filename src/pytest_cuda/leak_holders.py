@@ -11,7 +11,9 @@ object of their own; they are found from the graph's owner (``loss.grad_fn`` and
 ``_saved_*`` tensors below it). What no Python object reaches is said to be so.
 
 Pure Python over objects it is given: no torch import, no CUDA call (tensor facts come
-from a function passed in). Every failure to inspect an object is noted, never raised.
+from a function passed in; which tensors own autograd graphs, from the seam's
+:func:`gpumagic.cuda.graph_owners`). Every failure to inspect an object is noted, never
+raised.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from gpumagic import cuda
 from gpumagic.units import format_bytes
 from pytest_cuda.leak_paths import Step, key_of, render, step_between
 
@@ -442,7 +445,7 @@ def _saved_by_graphs(
     notes: list[str],
     budget: _Budget,
 ) -> None:
-    owners = _graph_owners(objects)
+    owners = cuda.graph_owners(objects)
     if not owners:
         return
     nodes = MAX_GRAPH_NODES
@@ -487,25 +490,6 @@ def _saved_by_graphs(
         target.kind = "autograd graph (a saved tensor)"
         target.note = probe.note
         target.alive = probe.alive
-
-
-def _graph_owners(objects: Sequence[object]) -> list[tuple[object, object]]:
-    """The tensors among ``objects`` that own an autograd graph, with its ``grad_fn``."""
-    base = getattr(sys.modules.get("torch"), "Tensor", None)
-    if not isinstance(base, type):
-        return []  # no torch here: no graphs
-    tensor_types: dict[type, bool] = {}
-    owners = []
-    for obj in objects:
-        cls = type(obj)
-        is_tensor = tensor_types.get(cls)
-        if is_tensor is None:
-            is_tensor = tensor_types[cls] = issubclass(cls, base)
-        if is_tensor:
-            grad_fn = getattr(obj, "grad_fn", None)
-            if grad_fn is not None:
-                owners.append((obj, grad_fn))
-    return owners
 
 
 def _saved_names(node: object) -> list[str]:

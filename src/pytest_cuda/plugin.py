@@ -294,8 +294,7 @@ def cuda_device(request: pytest.FixtureRequest) -> torch.device:
         device = run.devices[0]
     from gpumagic import cuda
 
-    result: torch.device = cuda.torch_module().device("cuda", device.index)
-    return result
+    return cuda.torch_device(device.index)
 
 
 @pytest.fixture
@@ -310,8 +309,7 @@ def cuda_devices(request: pytest.FixtureRequest) -> list[torch.device]:
         _skip_or_fail(request.config, _unavailable(run.status))
     from gpumagic import cuda
 
-    torch = cuda.torch_module()
-    return [torch.device("cuda", d.index) for d in run.devices]
+    return [cuda.torch_device(d.index) for d in run.devices]
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from fake_cuda import FakeAllocator, GiB, MiB, install
 from gpumagic import memory, memory_cell, memory_holders, memory_text, stacks
-from gpumagic.cuda import AllocatorStats, allocator
+from gpumagic.cuda import AllocatorStats, objects
 from gpumagic.devices import DeviceInfo
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
@@ -538,7 +538,7 @@ def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.Mo
     gpu.alloc(100 * 4 + 1000)  # x and an unnamed 1000 B tensor
 
     def facts(obj: object) -> Any:  # the real seam's facts, of a CPU tensor made cuda:0's
-        found = allocator.tensor_facts(obj)
+        found = objects.tensor_facts(obj)
         return None if found is None else found.__class__(**{**found.__dict__, "device": "cuda:0"})
 
     install(monkeypatch, tensor_facts=facts)

@@ -183,10 +183,10 @@ def test_top_names_the_tensors_and_gc_empty_cache_report_releases(
 ) -> None:
     torch = pytest.importorskip("torch")
     from gpumagic import cuda
-    from gpumagic.cuda import allocator
+    from gpumagic.cuda import objects
 
     def as_cuda(obj: object) -> cuda.TensorFacts | None:  # the real seam's, made cuda:0's
-        found = allocator.tensor_facts(obj)
+        found = objects.tensor_facts(obj)
         if found is None:
             return None
         return cuda.TensorFacts(

@@ -10,6 +10,8 @@ touched and tests can swap it in one place:
   device properties;
 * :mod:`~gpumagic.cuda.allocator`: the caching allocator's counters, history, snapshots
   and library caches;
+* :mod:`~gpumagic.cuda.objects`: what a torch object is (a tensor's facts, its autograd
+  graph, a module, a compiled callable) and ``torch.device`` objects;
 * :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
   asynchronous CUDA errors;
 * :mod:`~gpumagic.cuda.op_counts`: the FLOPs (torch's ``FlopCounterMode``) and bytes
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 from gpumagic.cuda.allocator import (
     AllocatorStats,
-    TensorFacts,
     allocation_marks,
     allocator_backend,
     allocator_stats,
@@ -52,7 +53,6 @@ from gpumagic.cuda.allocator import (
     reset_peak_memory_stats,
     start_memory_history,
     stop_memory_history,
-    tensor_facts,
 )
 from gpumagic.cuda.debug import (
     SYNC_WARNING_MESSAGE,
@@ -80,6 +80,15 @@ from gpumagic.cuda.discovery import (
     status,
     torch_module,
     visible_devices,
+)
+from gpumagic.cuda.objects import (
+    TensorFacts,
+    graph_owners,
+    is_compiled,
+    is_module,
+    start_torch,
+    tensor_facts,
+    torch_device,
 )
 from gpumagic.cuda.op_counts import OpCounts, count_ops
 from gpumagic.cuda.process_group import (
@@ -144,8 +153,11 @@ __all__ = [
     "flush_l2",
     "forbid_implicit_sync",
     "get_sync_debug_mode",
+    "graph_owners",
     "host_store",
+    "is_compiled",
     "is_initialized",
+    "is_module",
     "join_group",
     "l2_flush_buffer",
     "leave_group",
@@ -168,12 +180,14 @@ __all__ = [
     "set_sync_debug_mode",
     "spin",
     "start_memory_history",
+    "start_torch",
     "status",
     "stop_memory_history",
     "stream_is_capturing",
     "sync_after_each_op",
     "synchronize",
     "tensor_facts",
+    "torch_device",
     "torch_module",
     "use_device",
     "visible_device_total",

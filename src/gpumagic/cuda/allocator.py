@@ -1,5 +1,5 @@
-"""torch's caching allocator: counters, peaks, allocation history and snapshots, the
-tensors a namespace holds, and releasing what libraries keep by design (cuBLAS
+"""torch's caching allocator: counters, peaks, allocation history and snapshots, and
+releasing what libraries keep by design (cuBLAS
 workspaces, cuFFT plans, torch.compile caches, blocks freed on other streams)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AllocatorStats",
-    "TensorFacts",
     "allocation_marks",
     "allocator_backend",
     "allocator_stats",
@@ -31,7 +30,6 @@ __all__ = [
     "reset_peak_memory_stats",
     "start_memory_history",
     "stop_memory_history",
-    "tensor_facts",
 ]
 
 
@@ -107,58 +105,6 @@ def device_total_memory(device: int) -> int | None:
     if not is_initialized():
         return None
     return int(torch_module().cuda.get_device_properties(device).total_memory)
-
-
-@dataclass(frozen=True)
-class TensorFacts:
-    """What a live tensor holds: its storage (shared by views), size and where."""
-
-    storage: tuple[str, int]
-    nbytes: int
-    device: str
-    shape: tuple[int, ...]
-    dtype: str
-    grad: object | None = None
-    view: bool = False
-
-
-def tensor_facts(obj: object) -> TensorFacts | None:
-    """The facts of ``obj`` when it is a torch tensor (any device), else ``None``.
-
-    Reads only host-side metadata: no synchronisation, no CUDA context. Views of one
-    storage get the same ``storage`` key; ``grad`` is read only from leaf tensors (a
-    non-leaf's ``.grad`` warns).
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(obj, torch.Tensor):
-        return None
-    import warnings
-
-    device = str(obj.device)
-    try:
-        storage = obj.untyped_storage()
-        key = (device, int(storage.data_ptr()))
-        nbytes = int(storage.nbytes())
-    except (RuntimeError, NotImplementedError, TypeError):
-        # Sparse, nested or fake tensors: no single storage to share.
-        key = ("object", id(obj))
-        nbytes = int(obj.element_size() * obj.numel()) if obj.layout == torch.strided else 0
-    if key[1] == 0:
-        key = ("object", id(obj))
-    grad = None
-    if obj.is_leaf:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            grad = obj.grad
-    return TensorFacts(
-        storage=key,
-        nbytes=nbytes,
-        device=device,
-        shape=tuple(int(n) for n in obj.shape),
-        dtype=str(obj.dtype).removeprefix("torch."),
-        grad=grad,
-        view=bool(obj._is_view()),
-    )
 
 
 def memory_history_enabled() -> bool:
