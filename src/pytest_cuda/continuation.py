@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from pytest_cuda.poison import (
+from pytest_cuda.child import (
     ChildRun,
     EventWriter,
-    child_argv,
+    child_argv_for,
     child_env,
     read_nodeids,
     write_nodeids,
@@ -29,22 +29,9 @@ if TYPE_CHECKING:
     from collections.abc import Generator
     from pathlib import Path
 
-    from pytest_cuda.poison import Workdirs
+    from pytest_cuda.child import Workdirs
 
-__all__ = ["Continuation", "ResumedRun", "SkipRemaining", "child_argv_for", "report_from_data"]
-
-
-def child_argv_for(config: pytest.Config, workdir: Path, extra: tuple[str, ...]) -> list[str]:
-    """The command line of a child that runs some of this session's tests."""
-    manager = config.pluginmanager
-    return child_argv(
-        config.invocation_params.args,
-        workdir,
-        no_xdist=manager.has_plugin("xdist"),
-        cache=manager.has_plugin("cacheprovider"),
-        junitxml=bool(getattr(config.option, "xmlpath", None)),
-        extra=extra,
-    )
+__all__ = ["Continuation", "ResumedRun", "SkipRemaining", "report_from_data"]
 
 
 def _keywords(item: pytest.Item) -> dict[str, Literal[1]]:

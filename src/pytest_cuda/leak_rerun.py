@@ -4,7 +4,7 @@ Opt-in (the default check names the allocating line and the holder in the run it
 the first ``N`` leaking tests of a session are run again alone, to tell a leak that
 needs the tests before it (a cache an earlier test filled) from one that leaks alone.
 The child is a pytest child of this session, as the poison continuation's and
-``--cuda-rerun-blocking``'s are (:func:`pytest_cuda.continuation.child_argv_for`): the
+``--cuda-rerun-blocking``'s are (:mod:`pytest_cuda.child`): the
 user's own command line, so it collects and configures the same way, narrowed to the
 one test (``--cuda-internal-resume``), with its own ``--basetemp`` and cache, without
 xdist; it writes its leak reports to the file named by :data:`ENV_OUT`.
@@ -19,10 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_cuda.continuation import child_argv_for
+from pytest_cuda.child import child_argv_for, child_env, write_nodeids
 from pytest_cuda.leak_report import LeakReport
 from pytest_cuda.leaks import Rerun
-from pytest_cuda.poison import child_env, write_nodeids
 
 if TYPE_CHECKING:
     import pytest

@@ -25,21 +25,10 @@ import pytest
 from gpumagic import cuda
 from gpumagic.cuda_errors import CudaErrorInfo, classify
 from gpumagic.stacks import FrameFilter
-from pytest_cuda.continuation import (
-    Continuation,
-    SkipRemaining,
-    child_argv_for,
-    report_from_data,
-)
+from pytest_cuda.child import ChildRun, Workdirs, child_argv_for, child_env, write_nodeids
+from pytest_cuda.continuation import Continuation, SkipRemaining, report_from_data
 from pytest_cuda.markers import check_no_arguments
-from pytest_cuda.poison import (
-    ChildRun,
-    Culprit,
-    Surfaced,
-    Workdirs,
-    child_env,
-    write_nodeids,
-)
+from pytest_cuda.poison import Culprit, Surfaced
 from pytest_cuda.poison_report import (
     LAUNCH_BLOCKING,
     SUMMARY_NAME,

@@ -13,7 +13,8 @@ import pytest
 
 from gpumagic import cuda_errors
 from gpumagic.stacks import FrameFilter
-from pytest_cuda import poison, repro
+from pytest_cuda import child as pytest_child
+from pytest_cuda import repro
 
 TORCH_ASSERT = (
     "CUDA error: device-side assert triggered\n"
@@ -242,7 +243,7 @@ def test_describe_sync_op(op: str | None, expected: str) -> None:
 
 
 def test_child_argv_keeps_the_session_args_and_isolates_the_child(tmp_path: Path) -> None:
-    argv = poison.child_argv(
+    argv = pytest_child.child_argv(
         ["-q", "tests", "--junitxml=out.xml"],
         tmp_path,
         python="/py",
@@ -261,7 +262,7 @@ def test_child_argv_keeps_the_session_args_and_isolates_the_child(tmp_path: Path
 
 
 def test_child_argv_without_cacheprovider_or_xdist(tmp_path: Path) -> None:
-    argv = poison.child_argv(["-p", "no:cacheprovider"], tmp_path, python="/py", cache=False)
+    argv = pytest_child.child_argv(["-p", "no:cacheprovider"], tmp_path, python="/py", cache=False)
     assert argv == [
         "/py",
         "-m",
@@ -274,8 +275,8 @@ def test_child_argv_without_cacheprovider_or_xdist(tmp_path: Path) -> None:
 
 def test_nodeids_round_trip(tmp_path: Path) -> None:
     ids = ["t.py::test_a[x y]", "t.py::test_b['q']", "dir/t.py::C::test_c"]
-    poison.write_nodeids(tmp_path, iter(ids))
-    assert poison.read_nodeids(tmp_path) == ids
+    pytest_child.write_nodeids(tmp_path, iter(ids))
+    assert pytest_child.read_nodeids(tmp_path) == ids
 
 
 def test_child_run_relays_events_in_order(tmp_path: Path) -> None:
@@ -286,7 +287,7 @@ def test_child_run_relays_events_in_order(tmp_path: Path) -> None:
             import sys, time
             sys.path[:0] = {sys.path!r}
             from pathlib import Path
-            from pytest_cuda.poison import EventWriter
+            from pytest_cuda.child import EventWriter
             writer = EventWriter(Path({str(tmp_path)!r}))
             for i in range(3):
                 writer.write("step", index=i, path=Path("/x"))
@@ -297,7 +298,9 @@ def test_child_run_relays_events_in_order(tmp_path: Path) -> None:
             """
         )
     )
-    child = poison.ChildRun([sys.executable, str(script)], tmp_path, cwd=tmp_path, env=os.environ)
+    child = pytest_child.ChildRun(
+        [sys.executable, str(script)], tmp_path, cwd=tmp_path, env=os.environ
+    )
     events = []
     while (event := child.next_event()) is not None:
         events.append(event)
@@ -314,13 +317,15 @@ def test_child_run_reads_a_line_written_in_two_parts(tmp_path: Path) -> None:
         textwrap.dedent(
             f"""
             import time
-            with open({str(tmp_path / poison.EVENTS_FILE)!r}, "a") as f:
+            with open({str(tmp_path / pytest_child.EVENTS_FILE)!r}, "a") as f:
                 f.write('{{"event": "ha'); f.flush(); time.sleep(0.2)
                 f.write('lf"}}\\n{{"event": "cut sh')
             """
         )
     )
-    child = poison.ChildRun([sys.executable, str(script)], tmp_path, cwd=tmp_path, env=os.environ)
+    child = pytest_child.ChildRun(
+        [sys.executable, str(script)], tmp_path, cwd=tmp_path, env=os.environ
+    )
     assert child.next_event() == {"event": "half"}
     # A line the child did not finish (it died while writing) is not an event.
     assert child.next_event() is None
@@ -328,7 +333,7 @@ def test_child_run_reads_a_line_written_in_two_parts(tmp_path: Path) -> None:
 
 
 def test_child_run_stop_ends_a_running_child(tmp_path: Path) -> None:
-    child = poison.ChildRun(
+    child = pytest_child.ChildRun(
         [sys.executable, "-c", "import time; time.sleep(60)"],
         tmp_path,
         cwd=tmp_path,
@@ -339,7 +344,7 @@ def test_child_run_stop_ends_a_running_child(tmp_path: Path) -> None:
 
 
 def test_workdirs_are_numbered_and_removed() -> None:
-    workdirs = poison.Workdirs()
+    workdirs = pytest_child.Workdirs()
     first, second = workdirs.new("continue"), workdirs.new("rerun")
     assert first.name == "continue-1"
     assert second.name == "rerun-2"
@@ -352,7 +357,7 @@ def test_workdirs_are_numbered_and_removed() -> None:
 
 def test_child_env_drops_the_current_test(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOME_SETTING", "1")
-    env = poison.child_env({"CUDA_LAUNCH_BLOCKING": "1"})
+    env = pytest_child.child_env({"CUDA_LAUNCH_BLOCKING": "1"})
     assert env["SOME_SETTING"] == "1"
     assert env["CUDA_LAUNCH_BLOCKING"] == "1"
     assert "PYTEST_CURRENT_TEST" not in env
