@@ -28,7 +28,7 @@ EXT = Path(__file__).resolve().parents[1] / "docs" / "_ext"
 MAGICS = {
     "cudatime": "gpumagic.timing_magics:CudaTimeMagics.cudatime",
     "gpumem": "gpumagic.memory_magics:GpuMemMagics.gpumem",
-    "lprun": "gpumagic.lprun_magics:LprunMagics.lprun",
+    "lprun": "gpumagic.lineprof_magics:LprunMagics.lprun",
 }
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

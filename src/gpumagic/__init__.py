@@ -22,7 +22,7 @@ __all__ = ["__version__", "compare", "load_ipython_extension", "unload_ipython_e
 _MAGIC_MODULES: tuple[str, ...] = (
     "gpumagic.memory_magics",
     "gpumagic.timing_magics",
-    "gpumagic.lprun_magics",
+    "gpumagic.lineprof_magics",
 )
 
 # Per shell: the magics of other extensions that loading gpumagic replaced (line

@@ -19,7 +19,7 @@ from IPython.core.error import UsageError
 from line_profiler import LineStats
 
 from fake_cuda import install
-from gpumagic.lprun_magics import LprunMagics
+from gpumagic.lineprof_magics import LprunMagics
 
 if TYPE_CHECKING:
     from pathlib import Path
