@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
-from pytest_cuda.leak_heap import TestHeap, collect_everything
+from pytest_cuda.leak_heap import TestHeap
 from pytest_cuda.leak_holders import LIBRARY
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leak_rerun import (
@@ -322,7 +322,7 @@ class LeakChecker:
     def _collect_whole_heap(self, check: _Check, result: LeakResult) -> LeakResult:
         """Garbage that objects older than the test take part in is freed only by a
         collection of the whole heap: run it unless the walk proved the leak alive."""
-        step = SettleStep(WHOLE_HEAP, self._collect_everything)
+        step = SettleStep(WHOLE_HEAP, self.heap.collect_everything)
         again = settle(
             check.first or {}, _Steps(self.source, (step,)), check.tolerance, held=check.held
         )
@@ -333,10 +333,6 @@ class LeakChecker:
             return replace(result, released=released)
         # Part of it was garbage: attribute what is left.
         return replace(self._stacks(check, again, None), released=released)
-
-    def _collect_everything(self, devices: tuple[int, ...]) -> bool:
-        collect_everything(self.heap)
-        return True
 
     def _stacks(
         self, check: _Check, result: LeakResult, objects: Sequence[object] | None
@@ -436,12 +432,14 @@ def search_limit(config: pytest.Config) -> float | None:
     """The ``cuda_leak_holder_search`` ini value in seconds (``None``: no limit, for 0
     or ``none``); a usage error when malformed."""
     value = str(config.getini("cuda_leak_holder_search")).strip()
-    if value.lower() in ("none", "0", "0.0"):
+    if value.lower() == "none":
         return None
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
+    if seconds == 0:
+        return None
     if not seconds > 0 or seconds == float("inf"):
         raise pytest.UsageError(
             f"cuda_leak_holder_search (ini) takes seconds > 0 (or none for no limit), got {value!r}"

@@ -9,7 +9,7 @@ test's end walks only what the test made; :meth:`TestHeap.thaw` puts it back.
 What the test made is where its leaked tensors are (:meth:`TestHeap.young_objects`
 lists it cheaply), and a garbage cycle made by the test is collected as usual. Garbage
 that includes older objects is not: a checker that wants a verdict beyond doubt thaws
-and collects everything (:func:`collect_everything`) whenever the holder walk could not
+and collects everything (:meth:`TestHeap.collect_everything`) whenever the holder walk could not
 prove the leaked memory reachable.
 
 Never touches a collector the user changed: when gc is disabled or something is frozen
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["TestHeap", "collect_everything"]
+__all__ = ["TestHeap"]
 
 
 class TestHeap:
@@ -51,8 +51,9 @@ class TestHeap:
             self.frozen = False
             gc.unfreeze()
 
-
-def collect_everything(heap: TestHeap) -> None:
-    """A full collection over the whole heap, older objects included."""
-    heap.thaw()
-    gc.collect()
+    def collect_everything(self, devices: tuple[int, ...] = ()) -> bool:
+        """A full collection over the whole heap, older objects included (a settle
+        step's signature: ``devices`` is not needed, and it always ran)."""
+        self.thaw()
+        gc.collect()
+        return True

@@ -322,3 +322,13 @@ def test_without_cuda_the_memory_report_says_what_it_cannot_do(
     result = pytester.runpytest_subprocess("--cuda-memory-report=1")
     result.stdout.fnmatch_lines(["cuda memory report: nothing to measure, *"])
     result.stdout.no_fnmatch_line("cuda leak check*")
+
+
+@pytest.mark.parametrize("value", ["none", "0", "0.00"])
+def test_a_holder_search_of_zero_or_none_has_no_limit(
+    pytester: pytest.Pytester, planted: Callable[[str], None], value: str
+) -> None:
+    planted(SUITE)
+    pytester.makeini(f"[pytest]\ncuda_leak_holder_search = {value}\n")
+    result = pytester.runpytest("--cuda-leak-check")
+    result.stdout.fnmatch_lines(["cuda leak check: *holders searched to the end"])
