@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-pytest.importorskip("sphinx")
+pytest.importorskip("sphinx.pycode")  # a bare "sphinx" may lack it
 from sphinx.pycode import ModuleAnalyzer
 
 MODULES = ("gpumagic.timing_result", "gpumagic.timing_plan", "gpumagic.roofline")

@@ -11,6 +11,7 @@ import ast
 import io
 import itertools
 import keyword
+import re
 import time
 import tokenize
 from typing import TYPE_CHECKING, Any
@@ -72,7 +73,8 @@ class CudaTimeMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
-        # A note shown once in this session is not shown again: a user times many cells.
+        # A note shown once in this session is not shown again, whatever its numbers
+        # (its wording, digits aside): a user times many cells.
         self._notes_shown: set[str] = set()
 
     @no_var_expand
@@ -254,8 +256,8 @@ class CudaTimeMagics(Magics):
         if setup.strip() and (result.flops_counted or result.bytes_counted):
             result.notes.append(SETUP_NOTE)
         if not args.quiet:
-            result.notes = [n for n in result.notes if n not in self._notes_shown]
-            self._notes_shown.update(result.notes)
+            result.notes = [n for n in result.notes if _wording(n) not in self._notes_shown]
+            self._notes_shown.update(_wording(n) for n in result.notes)
             display(result)
         if args.variable:
             shell.user_ns[args.variable] = result
@@ -428,3 +430,8 @@ def _uncommented(line: str) -> str:
 
 #: What ``%load_ext gpumagic`` registers from this module.
 MAGICS = CudaTimeMagics
+
+
+def _wording(note: str) -> str:
+    """A note's words without its numbers: the same note with other figures is not news."""
+    return re.sub(r"\d+(?:[.,]\d+)*", "#", note)

@@ -39,6 +39,7 @@ def find_block_holders(
     is_user: Callable[[str], bool] = lambda filename: True,
     *,
     budget_s: float | None = None,
+    frozen_before: int | None = None,
 ) -> HolderScan:
     """:func:`find_holders` for the tensors whose storage lies in one of ``blocks``
     (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
@@ -49,7 +50,7 @@ def find_block_holders(
     pool, or was allocated inside a library call (its innermost recorded frame is not
     the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
     state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
-    ``budget_s``: see :func:`find_holders`.
+    ``budget_s``, ``frozen_before``: see :func:`find_holders`.
     """
     spans: dict[str, list[Block]] = {}
     for block in blocks:
@@ -67,15 +68,27 @@ def find_block_holders(
                 return fact
         return None
 
-    def explain(key: tuple[str, int]) -> tuple[str, str] | None:
+    def explain(key: tuple[str, int], searched: bool) -> tuple[str, str] | None:
+        # A CUDA graph's pool says so itself; a library call allocated what its tensor,
+        # unreached, keeps only if the walk looked everywhere (else: a holder it
+        # missed, such as a module global keeping a Module's output).
         block = block_of.get(key)
-        return None if block is None else _kept_by_library(block, is_user)
+        if block is None or not (searched or block.private_pool):
+            return None
+        return _kept_by_library(block, is_user)
 
     def covered() -> bool:
         shown = {(b.device, b.address) for b in block_of.values()}
         return all((b.device, b.address) in shown for b in blocks)
 
-    scan = find_holders(objects, in_blocks, explain, budget_s=budget_s, covered=covered)
+    scan = find_holders(
+        objects,
+        in_blocks,
+        explain,
+        budget_s=budget_s,
+        covered=covered,
+        frozen_before=frozen_before,
+    )
     shown = {(b.device, b.address) for b in block_of.values()}
     hidden: dict[tuple[str, str], list[Block]] = {}
     for block in blocks:

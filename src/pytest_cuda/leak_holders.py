@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
     #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
     Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
+    #: ``explain(key, searched)``: the ``(path, kind)`` of a storage no root reached;
+    #: ``searched`` says the walk went through everything (no time limit, nothing
+    #: frozen out of its sight).
+    Explain = Callable[[tuple[str, int], bool], tuple[str, str] | None]
 
 __all__ = ["LIBRARY", "NO_TENSOR", "HolderScan", "LeakHolder", "find_holders", "holder_order"]
 
@@ -143,26 +147,32 @@ class _Node:
 def find_holders(
     objects: Sequence[object],
     facts: Facts,
-    explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None = None,
+    explain: Explain | None = None,
     *,
     budget_s: float | None = None,
     covered: Callable[[], bool] | None = None,
+    frozen_before: int | None = None,
 ) -> HolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
     ``facts(obj)`` answers ``(storage key, bytes, device)`` for a leaked tensor (views
     of one storage share the key) and ``None`` for anything else; ``objects`` is where
     to look for the tensors (``gc.get_objects()``, or what a test made); the walk up
-    goes through the whole heap. ``explain(key)`` may name the ``(path, kind)`` of a
-    storage the walk found no root for. ``budget_s``: the walk stops after about this
+    goes through the whole heap. ``explain(key, searched)`` may name the ``(path,
+    kind)`` of a storage the walk found no root for (``searched``: it looked
+    everywhere). ``budget_s``: the walk stops after about this
     long (each step up scans the heap once), saying so. ``covered()``: the tensors
     found so far account for every leaked block, so autograd graphs need not be read
-    for saved tensors. Never raises: what cannot be inspected is in
+    for saved tensors. ``frozen_before``: how many objects :func:`gc.freeze` had
+    frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
+    hundred at start-up); only a freeze since then can hide the leaked tensors
+    themselves (``None``: any may). Never raises: what cannot be inspected is in
     :attr:`HolderScan.notes`.
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
     budget = _Budget(budget_s)
+    hidden = 0  # frozen objects that may hide what the walk did not find
     try:
         # Reading arbitrary objects can warn (deprecated module attributes): not the
         # user's warnings to see.
@@ -172,6 +182,7 @@ def find_holders(
             _walk_up(list(targets.values()), notes, budget, ignore={id(objects)})
             if covered is None or not covered():
                 _saved_by_graphs(objects, targets, facts, notes, budget)
+            hidden = _search_frozen(targets, facts, budget, covered, frozen_before)
         if not targets:
             notes.append(NO_TENSOR)
     except Exception as exc:  # the report must come out whatever the heap holds
@@ -181,14 +192,35 @@ def find_holders(
             f"the walk stopped at its {budget.seconds:g} s limit "
             "(--cuda-leak-trace walks to the end)"
         )
-    frozen = gc.get_freeze_count()
-    if frozen and any(not t.path for t in targets.values()):  # only where it may matter
+    if hidden:
         notes.append(
-            f"{frozen} objects frozen by gc.freeze() are invisible to the walk: a holder "
+            f"{hidden} objects frozen by gc.freeze() are invisible to the walk: a holder "
             "among them is reported as unreachable"
         )
-    scan = _scan(list(targets.values()), notes, explain)
-    return replace(scan, complete=not budget.ran_out, hidden=frozen)
+    # Whether the walk searched everything: where it did not, what it did not reach may
+    # have a holder it did not get to, which ``explain`` must not pass for a library's.
+    searched = not budget.ran_out and not hidden
+    scan = _scan(list(targets.values()), notes, explain, searched)
+    return replace(scan, complete=not budget.ran_out, hidden=hidden)
+
+
+def _search_frozen(
+    targets: dict[tuple[str, int], _Target],
+    facts: Facts,
+    budget: _Budget,
+    covered: Callable[[], bool] | None,
+    frozen_before: int | None,
+) -> int:
+    """Look among the objects :func:`gc.freeze` hid from the walk up (:func:`_walk_down`)
+    when they may hold what it did not find; how many stayed unsearched (0: none)."""
+    frozen = gc.get_freeze_count()
+    unplaced = any(not t.path for t in targets.values())
+    unshown = not covered() if covered is not None else not targets
+    # The leaked tensors were made after frozen_before was counted: a later freeze only.
+    unshown = unshown and (frozen_before is None or frozen > frozen_before)
+    if not frozen or not (unplaced or unshown):
+        return 0
+    return 0 if _walk_down(targets, facts, budget, unshown) else frozen
 
 
 def holder_order(holder: LeakHolder) -> tuple[bool, int, str]:
@@ -216,12 +248,13 @@ def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _
 def _scan(
     targets: list[_Target],
     notes: list[str],
-    explain: Callable[[tuple[str, int]], tuple[str, str] | None] | None,
+    explain: Explain | None,
+    searched: bool,
 ) -> HolderScan:
     groups: dict[tuple[str, str, str, bool], list[_Target]] = {}
     for target in targets:
         if not target.path:
-            explained = explain(target.key) if explain is not None else None
+            explained = explain(target.key, searched) if explain is not None else None
             target.path, target.kind = explained or (
                 "no Python object that the walk reached",
                 "C++ side or unreachable: a library workspace, or an object cycle",
@@ -287,6 +320,74 @@ def _walk_up(
         layer = following
     if any(not n.target.path for n in layer):
         notes.append(f"some paths were longer than {MAX_DEPTH} steps")
+
+
+def _walk_down(
+    targets: dict[tuple[str, int], _Target], facts: Facts, budget: _Budget, unshown: bool
+) -> bool:
+    """From every module's namespace down the references (:func:`gc.get_referents`),
+    breadth first, to the leaked tensors the walk up did not reach (objects frozen by
+    :func:`gc.freeze` are invisible to :func:`gc.get_referrers`, not to this walk); with
+    ``unshown``, every object is asked (``facts``) whether it is a leaked tensor too. A
+    path found is named by the walk up's rules (:func:`_follow`). ``False`` when its
+    time ran out before it found everything or went through the whole heap."""
+    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
+    pending = {id(t.obj): t for t in targets.values() if not t.path}
+    parent: dict[int, object] = {}  # id(object) -> the object it was reached from
+    layer: list[object] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and id(namespace) not in parent:
+            parent[id(namespace)] = None
+            layer.append(namespace)
+    own = {id(parent), id(layer), id(targets), id(pending)}
+    while layer:
+        following: list[object] = []
+        own.add(id(following))
+        for obj in layer:
+            if budget.spent():
+                return False
+            try:
+                children = gc.get_referents(obj)
+            except Exception:
+                continue
+            for child in children:
+                if id(child) in parent or id(child) in own:
+                    continue
+                parent[id(child)] = obj
+                target = pending.pop(id(child), None)
+                if target is None and unshown and not isinstance(child, type | types.ModuleType):
+                    try:
+                        fact = facts(child)
+                    except Exception:
+                        fact = None
+                    if fact is not None and fact[0] not in targets:
+                        target = targets[fact[0]] = _Target(child, fact[0], fact[1], fact[2])
+                if target is not None:
+                    _place(target, child, parent, modules, budget)
+                    if not pending and not unshown:
+                        return True
+                if gc.is_tracked(child):
+                    following.append(child)
+        layer = following
+    return True
+
+
+def _place(
+    target: _Target,
+    found: object,
+    parent: dict[int, object],
+    modules: dict[int, str],
+    budget: _Budget,
+) -> None:
+    """Name the path the walk down found to ``found`` (a tensor of ``target``), by
+    following it back up as the walk up would have."""
+    node: _Node | None = _Node(found, [], target)
+    while node is not None and not target.path:
+        ref = parent.get(id(node.obj))
+        if ref is None:
+            return
+        node = _follow(ref, node.obj, node, modules, budget)
 
 
 def _children_in(ref: object, by_id: dict[int, list[_Node]]) -> list[object]:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pytest_cuda.leak_holders import HolderScan
 
 __all__ = [
+    "FULL_COLLECTION",
     "MODES",
     "CudaLeakError",
     "CudaLeakWarning",
@@ -254,6 +255,8 @@ class LeakResult:
             )
         if scan.holders:
             top = scan.holders[0]
+            if top.path.startswith("no Python object"):
+                return f"{top.path} ({top.kind})"
             return f"no Python object: {top.path} ({top.kind})"
         return (
             "no Python object ("
@@ -343,6 +346,11 @@ def settle(
     return LeakResult(_over(excess, tolerance), excess, tolerance, tuple(released))
 
 
+#: The settle step that collects garbage in the whole heap (or, where the heap older
+#: than the test is frozen, in what the test made).
+FULL_COLLECTION = "garbage collection"
+
+
 def _collect_young(devices: tuple[int, ...]) -> bool:
     gc.collect(1)
     return True
@@ -392,7 +400,7 @@ class CudaMemory:
                 at_start=True,
             ),
             SettleStep("cuFFT plan caches", cuda.clear_fft_plan_caches, at_start=True),
-            SettleStep("garbage collection", _collect_all, at_start=True),
+            SettleStep(FULL_COLLECTION, _collect_all, at_start=True),
             SettleStep(
                 "blocks freed on other streams (synchronize, empty_cache)",
                 _release_cached_blocks,
@@ -428,6 +436,7 @@ class NoCudaLeak:
     result: LeakResult | None = field(default=None, init=False)
     _before: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _start_us: int = field(default=0, init=False, repr=False)
+    _frozen_before: int = field(default=0, init=False, repr=False)
     _recording: StackRecording | None = field(default=None, init=False, repr=False)
     _where: str = field(default="the block", init=False, repr=False)
     _caller: tuple[str, str] | None = field(default=None, init=False, repr=False)
@@ -449,6 +458,7 @@ class NoCudaLeak:
                 self._recording.ensure_at_init()
         self._before = self._settled_start()
         self._start_us = time.time_ns() // 1000
+        self._frozen_before = gc.get_freeze_count()
         return self
 
     def _settled_start(self) -> dict[int, int]:
@@ -506,7 +516,9 @@ class NoCudaLeak:
                 stack_note="Stacks not recorded: CUDA was first used inside the block "
                 "before torch was imported; import torch before the block.",
             )
-        stacks, holders = attribute(self._start_us, result.leaked, self._caller)
+        stacks, holders = attribute(
+            self._start_us, result.leaked, self._caller, frozen_before=self._frozen_before
+        )
         return replace(result, stacks=stacks, holders=holders)
 
 

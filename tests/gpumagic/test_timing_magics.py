@@ -189,7 +189,8 @@ def test_unknown_device_index_is_a_usage_error(shell: InteractiveShell) -> None:
         assert "--device 7 needs CUDA: not used" in shell.user_ns["r"].warnings
     else:
         count = len(cuda.status().devices)
-        assert f"sees {count} GPU(s)" in usage_error(shell, f"%cudatime --device {count + 7} x=1")
+        error = usage_error(shell, f"%cudatime --device {count + 7} x=1")
+        assert f"--device {count + 7}: there is no cuda:{count + 7} here (visible: cuda:0" in error
 
 
 def test_a_raising_body_shows_the_users_traceback_once(
@@ -538,7 +539,14 @@ def test_a_note_is_shown_once_a_session(
     assert "per loop" in second
     assert "without the setup" not in second
     assert "Timed on the host" not in second
-    assert ("--graph needs CUDA: not used" in second) == NO_GPU
+    assert "--graph needs CUDA: not used" in second  # CPU tensors: no GPU work to graph
     # The notes (the "·" lines) are all gone; warnings ("!") depend on the run's noise.
     assert any(line.startswith("  · ") for line in first.splitlines())
-    assert not any(line.startswith("  · ") for line in second.splitlines())
+
+    # Also when its numbers changed (--graph's warm-up); a note the first run had no
+    # cause for (a busy machine: "Only 3 runs fit") may come the second time.
+    def wording(text: str) -> set[str]:
+        notes = (line for line in text.splitlines() if line.startswith("  · "))
+        return {re.sub(r"\d+(?:[.,]\d+)*", "#", note) for note in notes}
+
+    assert not wording(second) & wording(first), second

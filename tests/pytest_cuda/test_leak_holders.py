@@ -80,6 +80,53 @@ def test_a_module_global_dict(module: types.ModuleType) -> None:
     assert scan().holders[0].nbytes == 4096
 
 
+def test_a_holder_frozen_by_gc_freeze_is_found_from_its_module(
+    module: types.ModuleType,
+) -> None:
+    """gc.freeze() (a user's, a plugin's) hides the holder list and the module's
+    namespace from gc.get_referrers: the walk down from the modules finds them."""
+    module.KEEP = []  # type: ignore[attr-defined]
+    gc.freeze()
+    try:
+        module.KEEP.append(Blob(64))  # type: ignore[attr-defined]
+        found = scan()
+    finally:
+        gc.unfreeze()
+    assert only(found)[:2] == ("mymod.KEEP[0]", "module global")
+    assert found.complete
+    assert not found.hidden
+    assert not any("frozen" in note for note in found.notes)
+
+
+def test_a_leaked_object_frozen_itself_is_found_though_no_list_shows_it(
+    module: types.ModuleType,
+) -> None:
+    module.KEEP = {"w": Blob(128)}  # type: ignore[attr-defined]
+    gc.freeze()
+    try:
+        found = find_holders([], blob_facts)  # no object listed: the leaked one is frozen
+    finally:
+        gc.unfreeze()
+    assert only(found)[:2] == ("mymod.KEEP['w']", "module global")
+    assert found.found == 128
+
+
+def test_frozen_objects_not_searched_in_time_are_said_to_hide_a_holder(
+    module: types.ModuleType,
+) -> None:
+    module.KEEP = []  # type: ignore[attr-defined]
+    gc.freeze()
+    try:
+        module.KEEP.append(Blob(64))  # type: ignore[attr-defined]
+        objects = gc.get_objects()
+        found = find_holders(objects, blob_facts, budget_s=1e-9)
+        del objects
+    finally:
+        gc.unfreeze()
+    assert not found.complete
+    assert found.hidden > 0
+
+
 def test_a_class_attribute(module: types.ModuleType) -> None:
     class Model:
         store: ClassVar[list[Blob]] = []
