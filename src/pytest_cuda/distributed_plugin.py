@@ -144,7 +144,8 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     if result.outcome == "failed":
         pytest.fail(result.text, pytrace=False)
     if result.outcome == "skipped":
-        pytest.skip(result.text)
+        # Reported at the test's line, as a skip in an ordinary test body is.
+        raise pytest.skip.Exception(result.text, _use_item_location=True)
     if result.outcome == "xfailed":
         pytest.xfail(result.text)
 
