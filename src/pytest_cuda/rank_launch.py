@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pytest_cuda.distributed import DistributedSpec
 
 __all__ = [
+    "GOOD_ENDS",
     "STARTUP_S",
     "RankJob",
     "TimedOut",
@@ -61,6 +62,7 @@ STARTUP_S = 120.0
 #: How long a stopped rank may take to write its stack.
 STACK_WAIT_S = 3.0
 _POLL_S = 0.01
+#: The states of a rank that ended well.
 GOOD_ENDS = ("passed", "skipped", "xfailed")
 
 TimedOut = Literal["timeout", "startup"] | None
