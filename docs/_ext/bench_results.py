@@ -53,6 +53,8 @@ SCRIPTS = {
     "leaks_suite": "bench_leaks.py --suite (the harness before suites that grow)",
     "leaks_growing": "bench_leaks.py --suite",
     "gc_freeze": "bench_gc_freeze.py",
+    "warm_ranks_gloo": "bench_warm_ranks.py",
+    "warm_ranks_nccl": "bench_warm_ranks.py",
     "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
     "lprun": "bench_lprun.py",
     "plugin_overhead": "bench_plugin_overhead.py",
@@ -377,6 +379,10 @@ def _suite_wall(run: Run, label: str) -> float:
     return float(run.one(label=label)["wall_s"])
 
 
+def _variant(run: Run, variant: str, key: str) -> float:
+    return float(run.one(kind="variant", variant=variant)[key])
+
+
 def _summary(run: Run, key: str) -> float:
     return float(run.one(kind="summary")[key])
 
@@ -520,6 +526,39 @@ FIGURES: dict[str, Figure] = {
         # torch_geometric never grows: its run with --cuda-leak-trace was not comparable.
         if (short, what) != ("pyg", "trace_ratio")
     },
+    # bench_warm_ranks.py: 20 cuda_distributed tests, warm ranks against fresh ones.
+    **{
+        f"warm_ranks_{backend}.{short}": Figure(
+            f"warm_ranks_{backend}",
+            functools.partial(_variant, variant=variant, key=key),
+            unit,
+            f"{variant}: {what}",
+        )
+        for backend in ("gloo", "nccl")
+        for short, variant, key, unit, what in (
+            ("warm_wall", "warm ranks", "wall_median", "{:.1f} s", "the pytest run"),
+            ("warm_per_test", "warm ranks", "per_test_median", "{:.3f} s", "a test once up"),
+            ("warm_first", "warm ranks", "first_test_median", "{:.1f} s", "the first test"),
+            ("isolate_wall", "isolate=True", "wall_median", "{:.1f} s", "the pytest run"),
+            ("isolate_per_test", "isolate=True", "per_test_median", "{:.2f} s", "a test"),
+            (
+                "before_wall",
+                "before (fresh ranks, older plugin)",
+                "wall_median",
+                "{:.1f} s",
+                "the pytest run",
+            ),
+        )
+    },
+    "warm_ranks_gloo.warm_to_before": Figure(
+        "warm_ranks_gloo",
+        lambda run: (
+            _variant(run, "warm ranks", "wall_median")
+            / _variant(run, "before (fresh ranks, older plugin)", "wall_median")
+        ),
+        "{:.2f}",
+        "the warm ranks' pytest run ÷ the older plugin's",
+    ),
     # bench_gc_freeze.py: the leak check's heap boundary, on the CPU.
     "gc_freeze.freeze_unfreeze_us": Figure(
         "gc_freeze",
@@ -980,6 +1019,21 @@ def _table_gc_freeze(run: Run) -> Table:
     return ["what", "median"], rows
 
 
+def _table_warm_ranks(run: Run) -> Table:
+    rows = [
+        [
+            str(r["variant"]),
+            f"{r['wall_median']:.2f} s ({r['wall_min']:.2f} to {r['wall_max']:.2f})",
+            f"{r['per_test_median']:.3f} s",
+            f"{r['first_test_median']:.2f} s",
+            f"{r['wall_ratio_to_isolate']:.2f}",
+        ]
+        for r in run.rows(kind="variant")
+    ]
+    header = ["variant", "pytest run (min to max)", "per test once up", "first test"]
+    return [*header, "run ÷ isolate=True"], rows
+
+
 def _table_leaks_suite_torch(run: Run) -> Table:
     rows = [r for r in run.records if "label" in r]
     out = [
@@ -1172,6 +1226,8 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "leaks_suite_torch": _table_leaks_suite_torch,
     "leaks_growing": _table_leaks_growing,
     "gc_freeze": _table_gc_freeze,
+    "warm_ranks_gloo": _table_warm_ranks,
+    "warm_ranks_nccl": _table_warm_ranks,
     "lprun": _table_lprun,
     "plugin_overhead": _table_plugin_overhead,
     "sync": _table_sync,

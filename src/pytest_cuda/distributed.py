@@ -31,13 +31,17 @@ __all__ = [
 ]
 
 MARKER = "cuda_distributed"
-KEYWORDS = ("world_size", "backend", "timeout")
+KEYWORDS = ("world_size", "backend", "timeout", "fresh_group", "isolate")
 #: Backends whose ranks run on the CPU: they need no GPU, so CI can run them.
 CPU_BACKENDS = frozenset({"gloo", "mpi"})
 #: How much of each rank's output and stack a report shows (the end of it).
 MAX_TEXT_LINES = 60
 #: After a rank fails, how long the others may take to finish before they are stopped.
 FAILURE_GRACE_S = 5.0
+#: A rank seen dead is the headline over a rank that failed less than this before the
+#: launcher saw the death: the survivor's error (gloo's "Connection reset by peer")
+#: comes within milliseconds of a peer's death, before the launcher's next look.
+DEATH_MARGIN_S = 0.5
 
 #: The device index of each rank, stashed on a test by the device check before it runs.
 RANK_DEVICES = pytest.StashKey[tuple[int, ...]]()
@@ -47,11 +51,16 @@ State = Literal["passed", "failed", "skipped", "xfailed", "stopped", "exited"]
 
 @dataclass(frozen=True)
 class DistributedSpec:
-    """``cuda_distributed(world_size=2, backend="nccl", timeout=60)``."""
+    """``cuda_distributed(world_size=2, backend="nccl", timeout=60, fresh_group=False,
+    isolate=False)``; ``backend`` in lower case, as torch compares it."""
 
     world_size: int = 2
     backend: str = "nccl"
     timeout: float = 60.0
+    #: Build the process group for this test and destroy it after (warm ranks).
+    fresh_group: bool = False
+    #: Run this test in fresh rank processes of its own, not the warm ones.
+    isolate: bool = False
 
     @property
     def uses_cuda(self) -> bool:
@@ -76,7 +85,17 @@ def parse_distributed_marker(
     timeout = kwargs.get("timeout", 60)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    return DistributedSpec(size, backend.strip(), float(timeout))
+    switches = {name: kwargs.get(name, False) for name in ("fresh_group", "isolate")}
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    return DistributedSpec(
+        size,
+        backend.strip().lower(),
+        float(timeout),
+        fresh_group=bool(switches["fresh_group"]),
+        isolate=bool(switches["isolate"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -120,6 +139,9 @@ class RankOutcome:
     waiting: bool = False
     #: Whether it had started the test function (its set-up was done).
     started: bool = True
+    #: What a skipped or xfailed rank left behind for the next test (its ranks were
+    #: replaced), one line each.
+    leftovers: list[str] = field(default_factory=list)
 
     def label(self) -> str:
         return f"rank {self.rank} ({self.device})"
@@ -158,11 +180,10 @@ def _describe(outcome: RankOutcome, stop_reason: str, first: RankOutcome | None)
         lines = [f"{outcome.label()}: {outcome.state} {timing}{why}{waited}"]
         return lines + _stack_lines(outcome)
     if outcome.state == "failed":
-        later = (
-            f" (after rank {first.rank} had failed)"
-            if first is not None and first is not outcome
-            else ""
-        )
+        later = ""
+        if first is not None and first is not outcome:
+            how = "died" if first.state == "exited" else "failed"
+            later = f" (after rank {first.rank} had {how})"
         lines = [f"{outcome.label()}: failed {timing}{later}: {_headline(outcome)}"]
         if outcome.traceback:
             lines.append(_indent(_tail(outcome.traceback)))
@@ -204,9 +225,7 @@ def verdict(
 ) -> Verdict:
     """The test's result from its ranks': the first rank to fail decides the headline;
     a timeout names the ranks that never finished; every rank's state follows."""
-    failed = sorted(
-        (o for o in outcomes if o.state in ("failed", "exited")), key=lambda o: o.finished_at
-    )
+    failed = _first_failure_first(outcomes)
     stopped = [o for o in outcomes if o.state == "stopped"]
     if timed_out == "startup":
         names = ", ".join(f"rank {o.rank}" for o in stopped if not o.started)
@@ -229,13 +248,7 @@ def verdict(
     elif stopped:  # pragma: no cover - stopped ranks come with a timeout or a failure
         headline, stop_reason = f"{name}: ranks were stopped", "stopped"
     else:
-        skipped = [o for o in outcomes if o.state == "skipped"]
-        xfailed = [o for o in outcomes if o.state == "xfailed"]
-        if xfailed:
-            return Verdict("xfailed", f"rank {xfailed[0].rank}: {xfailed[0].message}")
-        if skipped:
-            return Verdict("skipped", f"rank {skipped[0].rank}: {skipped[0].message}")
-        return Verdict("passed", "")
+        return _not_failed(outcomes)
     lines = [headline, ""]
     for outcome in sorted(outcomes, key=lambda o: o.rank):
         lines += _describe(outcome, stop_reason, failed[0] if failed else None)
@@ -247,3 +260,52 @@ def verdict(
             "test is only slow.",
         ]
     return Verdict("failed", "\n".join(lines))
+
+
+def _first_failure_first(outcomes: Sequence[RankOutcome]) -> list[RankOutcome]:
+    """The failed and dead ranks, the one to blame first.
+
+    By when each failed; but a rank that died (no result: ``os._exit``, a signal) goes
+    before a rank whose error came less than :data:`DEATH_MARGIN_S` before the launcher
+    saw the death, as a peer's broken connection does.
+    """
+    failed = sorted(
+        (o for o in outcomes if o.state in ("failed", "exited")), key=lambda o: o.finished_at
+    )
+    dead = [o for o in failed if o.state == "exited"]
+    if not dead:
+        return failed
+    death = dead[0]
+    earlier = [
+        o
+        for o in failed
+        if o.state == "failed" and o.finished_at < death.finished_at - DEATH_MARGIN_S
+    ]
+    first = earlier[0] if earlier else death
+    return [first, *(o for o in failed if o is not first)]
+
+
+def _not_failed(outcomes: Sequence[RankOutcome]) -> Verdict:
+    """Every rank passed, skipped or xfailed: skipped (or xfailed) if any rank was,
+    saying which ranks when not all of them."""
+    for state in ("xfailed", "skipped"):
+        ranks = [o for o in outcomes if o.state == state]
+        if not ranks:
+            continue
+        reason = ranks[0].message
+        if len(ranks) == len(outcomes):
+            text = f"on every rank: {reason}" if len(outcomes) > 1 else reason
+        else:
+            others = ", ".join(
+                f"rank {o.rank} {o.state}"
+                for o in sorted(outcomes, key=lambda o: o.rank)
+                if o.state != state
+            )
+            which = ", ".join(str(o.rank) for o in ranks)
+            plural = "s" if len(ranks) > 1 else ""
+            text = f"{state} on rank{plural} {which} only ({others}): {reason}"
+        left = [f"rank {o.rank} left {line}" for o in outcomes for line in o.leftovers]
+        if left:
+            text += " [" + "; ".join(left) + "; its ranks were replaced]"
+        return Verdict(state, text)
+    return Verdict("passed", "")

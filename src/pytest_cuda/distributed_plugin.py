@@ -3,10 +3,14 @@ fixture.
 
 A test marked ``@pytest.mark.cuda_distributed(world_size=2, backend="nccl",
 timeout=60)`` is set up as usual in the pytest process (its fixtures, its
-parametrization), then its function runs in ``world_size`` fresh processes, one rank
+parametrization), then its function runs in ``world_size`` rank processes, one rank
 each, pinned to its own device of the selected ones (``--cuda-devices``; an outer
 ``CUDA_VISIBLE_DEVICES`` is respected) with the default process group initialised
-through a store on a free localhost port, and destroyed afterwards. The fixture values
+through a store on a free localhost port. The ranks are warm
+(:mod:`pytest_cuda.rank_pool`): started by the first test of their world size,
+backend and devices, kept with their process group for the next, and replaced after a
+test that failed or left state behind; ``fresh_group=True`` gives a test a process
+group of its own, ``isolate=True`` fresh processes of its own. The fixture values
 the function takes are pickled and sent to every rank; ``cuda_rank`` is each rank's own
 (:class:`~pytest_cuda.distributed.RankInfo`).
 
@@ -36,10 +40,12 @@ from pytest_cuda.leak_plugin import CHECKER_NAME
 
 if TYPE_CHECKING:
     from pytest_cuda.distributed import DistributedSpec, RankOutcome
+    from pytest_cuda.rank_pool import RankPools
 
-__all__ = ["PendingRank"]
+__all__ = ["PendingRank", "rank_pools"]
 
 RANK_FIXTURE = "cuda_rank"
+_POOLS = pytest.StashKey["RankPools"]()
 
 
 class PendingRank:
@@ -88,6 +94,17 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+def rank_pools(config: pytest.Config) -> RankPools:
+    """This session's warm rank pools, made on first use and closed with the session."""
+    pools = config.stash.get(_POOLS, None)
+    if pools is None:
+        from pytest_cuda.rank_pool import RankPools
+
+        pools = config.stash[_POOLS] = RankPools()
+        config.add_cleanup(pools.close)
+    return pools
+
+
 def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     from pytest_cuda.distributed import verdict
     from pytest_cuda.rank_launch import RankJob, run_ranks, startup_limit
@@ -111,11 +128,14 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
         devices=devices,
         leak=_rank_leak_settings(item),
     )
-    folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
-    try:
-        outcomes, timed_out = run_ranks(job, folder, cwd=Path.cwd())
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    if spec.isolate:
+        folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
+        try:
+            outcomes, timed_out = run_ranks(job, folder, cwd=Path.cwd())
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    else:
+        outcomes, timed_out = rank_pools(item.config).pool(job).run(job, Path.cwd())
     _add_sections(item, outcomes)
     _warn(item, outcomes)
     result = verdict(
@@ -124,7 +144,8 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     if result.outcome == "failed":
         pytest.fail(result.text, pytrace=False)
     if result.outcome == "skipped":
-        pytest.skip(result.text)
+        # Reported at the test's line, as a skip in an ordinary test body is.
+        raise pytest.skip.Exception(result.text, _use_item_location=True)
     if result.outcome == "xfailed":
         pytest.xfail(result.text)
 

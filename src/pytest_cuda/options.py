@@ -55,12 +55,15 @@ CUDA_NO_SYNC_MARKER_DOC = (
 
 CUDA_DISTRIBUTED_MARKER_DOC = (
     'cuda_distributed(world_size=2, backend="nccl", timeout=60): run the test function '
-    "in world_size processes, one rank each, with the default torch.distributed process "
-    "group initialised (and destroyed after); on a GPU backend each rank gets its own "
+    "in world_size rank processes with the default torch.distributed process group "
+    "initialised; the ranks are kept warm and reused by the next test of the same "
+    "world_size, backend and devices (fresh_group=True: a process group of its own; "
+    "isolate=True: fresh processes of its own). On a GPU backend each rank gets its own "
     "device of the selected ones, and the test is skipped with the reason (fails under "
     "--cuda-require) when there are fewer. backend='gloo' runs on the CPU. Fixture "
     "values are pickled and sent to the ranks; the cuda_rank fixture gives each its "
-    "rank, world_size, device and group. The test fails if any rank fails, naming it; "
+    "rank, world_size, device and group. The test fails if any rank fails, naming it, "
+    "or leaves state behind (a process group, a torch flag, an environment variable); "
     "after timeout seconds every rank's Python stack is reported and all are stopped."
 )
 

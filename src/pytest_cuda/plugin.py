@@ -251,6 +251,8 @@ def _check_before(item: pytest.Item) -> None:
         malformed = ""
     if malformed:
         pytest.fail(malformed, pytrace=False)
+    if item.get_closest_marker(DISTRIBUTED) is not None:
+        _check_backend(item)
     if requirement is None:
         return
     run = _run_devices(item.config)
@@ -368,6 +370,25 @@ def _distributed_spec(item: pytest.Item) -> DistributedSpec | None:
         return parse_distributed_marker(mark.args, mark.kwargs)
     except ValueError as exc:
         raise MarkerError(str(exc), DISTRIBUTED) from None
+
+
+def _check_backend(item: pytest.Item) -> None:
+    """A backend torch does not know is a usage error, on any machine (a typo must not
+    read as "no GPU here")."""
+    spec = _distributed_spec(item)
+    if spec is None:  # pragma: no cover - the caller saw the marker
+        return
+    from gpumagic import cuda
+
+    unknown = cuda.unknown_backends(spec.backend)
+    if unknown:
+        names = ", ".join(repr(name) for name in unknown)
+        known = ", ".join(cuda.known_backends())
+        pytest.fail(
+            f"usage: @pytest.mark.{DISTRIBUTED}(backend={spec.backend!r}) on {item.nodeid}: "
+            f"torch does not know the backend {names}; it knows {known} (in any case)",
+            pytrace=False,
+        )
 
 
 def _per_worker_usage(world_size: int, pin: WorkerPin, reason: str) -> str:

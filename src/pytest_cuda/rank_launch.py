@@ -1,12 +1,14 @@
 """Start the ranks of a ``cuda_distributed`` test, watch them, stop them, read them back.
 
-Each rank is a fresh interpreter (:mod:`pytest_cuda.rank_main`) in a session of its
-own, with its output in files of the job's folder. The pytest process hosts the
-rendezvous store. A rank that fails gives the others a short grace to finish (a
-collective whose peer died may never return); a test that outlives its timeout has
-every rank still running dump its Python stack (``SIGUSR1``, faulthandler) before it is
-killed. Whatever happens, every rank's process group is killed before this returns,
-so no process outlives its test.
+Each rank is an interpreter (:mod:`pytest_cuda.rank_main`) in a session of its own,
+with its output in files of the job's folder: fresh for one test (:func:`run_ranks`,
+``isolate=True``), or warm ones that a :class:`~pytest_cuda.rank_pool.RankPool` keeps
+(:func:`watch_job` serves both). The pytest process hosts the rendezvous store. A rank
+that fails gives the others a short grace to finish (a collective whose peer died may
+never return); a test that outlives its timeout has every rank still running dump its
+Python stack (``SIGUSR1``, faulthandler) before it is killed. Whatever happens, fresh
+ranks' process groups are killed before :func:`run_ranks` returns, so no process
+outlives its test.
 """
 
 from __future__ import annotations
@@ -21,18 +23,38 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from gpumagic import cuda
 from pytest_cuda.distributed import FAILURE_GRACE_S, RankOutcome
-from pytest_cuda.rank_main import JOB_FILE, body_path, result_path, stack_path, started_path
+from pytest_cuda.rank_main import (
+    JOB_FILE,
+    body_path,
+    err_path,
+    out_path,
+    result_path,
+    stack_path,
+    started_path,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from pytest_cuda.distributed import DistributedSpec
 
-__all__ = ["STARTUP_S", "RankJob", "run_ranks", "startup_limit"]
+__all__ = [
+    "GOOD_ENDS",
+    "STARTUP_S",
+    "RankJob",
+    "TimedOut",
+    "group_timeout",
+    "kill_all",
+    "run_ranks",
+    "start_rank",
+    "startup_limit",
+    "watch_job",
+    "write_job",
+]
 
 #: How long the ranks may take to start (Python, torch, CUDA, the process group's
 #: rendezvous) before the test's own timeout starts counting: at least this.
@@ -40,7 +62,10 @@ STARTUP_S = 120.0
 #: How long a stopped rank may take to write its stack.
 STACK_WAIT_S = 3.0
 _POLL_S = 0.01
-_GOOD_ENDS = ("passed", "skipped", "xfailed")
+#: The states of a rank that ended well.
+GOOD_ENDS = ("passed", "skipped", "xfailed")
+
+TimedOut = Literal["timeout", "startup"] | None
 
 
 @dataclass(frozen=True)
@@ -63,13 +88,24 @@ def startup_limit(spec: DistributedSpec) -> float:
     return max(STARTUP_S, spec.timeout)
 
 
-def run_ranks(
-    job: RankJob, folder: Path, *, cwd: Path
-) -> tuple[list[RankOutcome], Literal["timeout", "startup"] | None]:
-    """Run the job's ranks to their end: every rank's outcome, and which time limit ran
-    out, if one did (``"startup"``: the ranks did not all start their test in time)."""
-    startup = startup_limit(job.spec)
-    store, port = cuda.host_store(startup)
+def group_timeout(spec: DistributedSpec) -> float:
+    """The process group's own timeout for its collectives: past the test's, so the
+    launcher's timeout (with every rank's stack) always comes first."""
+    return spec.timeout + 60
+
+
+def write_job(
+    job: RankJob,
+    folder: Path,
+    *,
+    port: int,
+    cwd: Path,
+    job_id: str,
+    generation: int,
+    group_timeout_s: float,
+    warm: bool,
+) -> None:
+    """The job's file in ``folder``, which every rank reads."""
     payload = {
         "name": job.name,
         "module": job.module,
@@ -79,27 +115,81 @@ def run_ranks(
         "world_size": job.spec.world_size,
         "backend": job.spec.backend,
         "timeout": job.spec.timeout,
-        "startup": startup,
+        "fresh_group": job.spec.fresh_group,
+        "startup": startup_limit(job.spec),
         "devices": list(job.devices),
         "leak": job.leak,
         "port": port,
         "sys_path": list(sys.path),
+        "cwd": str(cwd),
+        "job": job_id,
+        "group": generation,
+        "group_timeout": group_timeout_s,
+        "warm": warm,
     }
     (folder / JOB_FILE).write_bytes(pickle.dumps(payload))
+
+
+def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcome], TimedOut]:
+    """Run the job's ranks, in fresh processes, to their end: every rank's outcome, and
+    which time limit ran out, if one did (``"startup"``: the ranks did not all start
+    their test in time)."""
+    store, port = cuda.host_store(startup_limit(job.spec))
+    write_job(
+        job,
+        folder,
+        port=port,
+        cwd=cwd,
+        job_id="0",
+        generation=0,
+        group_timeout_s=group_timeout(job.spec),
+        warm=False,
+    )
     procs: list[subprocess.Popen[bytes]] = []
-    stopped: set[int] = set()
-    ended: dict[int, float] = {}
-    start = time.monotonic()
     try:
         for rank in range(job.spec.world_size):
-            procs.append(_start(folder, rank, cwd))
-        timed_out = _watch(procs, folder, job.spec, ended, startup)
-        running = [rank for rank, proc in enumerate(procs) if proc.poll() is None]
-        _dump_stacks(procs, running, folder)
-        stopped.update(running)
+            with out_path(folder, rank).open("wb") as out, err_path(folder, rank).open("wb") as err:
+                procs.append(start_rank([str(folder), str(rank)], out, err, cwd, stdin=False))
+        return watch_job(procs, folder, job)
     finally:
-        _kill_all(procs)
+        kill_all(procs)
         del store
+
+
+def start_rank(
+    args: list[str], out: IO[bytes], err: IO[bytes], cwd: Path, *, stdin: bool
+) -> subprocess.Popen[bytes]:
+    """A rank process, ``python -m pytest_cuda.rank_main ARGS``, in a session of its own;
+    ``stdin``: a pipe for its jobs (a warm rank), else none."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest_cuda.rank_main", *args],
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def watch_job(
+    procs: Sequence[subprocess.Popen[bytes]], folder: Path, job: RankJob
+) -> tuple[list[RankOutcome], TimedOut]:
+    """Watch the ranks run the job in ``folder`` to their end: a rank ends with its
+    result, or when its process does. Ranks still running at a time limit, or after a
+    failure's grace, write their stacks and are killed (every rank of ``procs``: the
+    caller starts new ones)."""
+    ended: dict[int, float] = {}
+    start = time.monotonic()
+    timed_out = _watch(procs, folder, job.spec, ended, startup_limit(job.spec))
+    stopped = [rank for rank in range(len(procs)) if rank not in ended]
+    if stopped:
+        _dump_stacks(procs, stopped, folder)
+        kill_all(procs)
     devices = [f"cuda:{i}" for i in job.devices] or ["cpu"] * job.spec.world_size
     stop = time.monotonic()
     outcomes = [
@@ -120,28 +210,12 @@ def run_ranks(
     return outcomes, timed_out
 
 
-def _start(folder: Path, rank: int, cwd: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
-    with (
-        (folder / f"rank{rank}.out").open("wb") as out,
-        (folder / f"rank{rank}.err").open("wb") as err,
-    ):
-        return subprocess.Popen(
-            [sys.executable, "-m", "pytest_cuda.rank_main", str(folder), str(rank)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
+def _has_ended(folder: Path, rank: int, proc: subprocess.Popen[bytes]) -> bool:
+    return result_path(folder, rank).exists() or proc.poll() is not None
 
 
 def _ended_well(folder: Path, rank: int) -> bool:
-    return _json(result_path(folder, rank)).get("state") in _GOOD_ENDS
+    return _json(result_path(folder, rank)).get("state") in GOOD_ENDS
 
 
 def _watch(
@@ -159,7 +233,7 @@ def _watch(
     while True:
         now = time.monotonic()
         for rank, proc in enumerate(procs):
-            if rank not in ended and proc.poll() is not None:
+            if rank not in ended and _has_ended(folder, rank, proc):
                 ended[rank] = now
                 if failed_at is None and not _ended_well(folder, rank):
                     failed_at = now
@@ -202,7 +276,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """Kill every rank's session (the rank and anything it started), then reap them."""
     for proc in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -233,8 +307,8 @@ def _outcome(
     when the rank says it failed (``time.monotonic()``, one clock for every process of
     the host), else ``ended``, when the launcher saw it end; a rank that failed
     because another did may end within the same poll."""
-    out = _read(folder / f"rank{rank}.out")
-    err = _read(folder / f"rank{rank}.err")
+    out = _read(out_path(folder, rank))
+    err = _read(err_path(folder, rank))
     stack = _read(stack_path(folder, rank)) if stopped else ""
     result = _json(result_path(folder, rank))
     # Without a result, a body record: its test body ended well and it waited for the
@@ -256,6 +330,7 @@ def _outcome(
             waiting=waiting,
             stack=stack if waiting else "",
             finished_at=float(record.get("at", ended)) - start,
+            leftovers=list(record.get("leftovers", [])),
         )
     if stopped:
         started = started_path(folder, rank).exists()

@@ -1,12 +1,14 @@
-"""One rank of a ``cuda_distributed`` test: ``python -m pytest_cuda.rank_main JOB RANK``.
+"""One rank of ``cuda_distributed`` tests: ``python -m pytest_cuda.rank_main JOB RANK``
+for one test, or ``python -m pytest_cuda.rank_main --serve POOL RANK`` for a warm rank.
 
-Started by :mod:`pytest_cuda.rank_launch`, in a fresh interpreter with the pytest
-process's ``sys.path``. It imports the test's module (with pytest's assertion
-rewriting, so a failed ``assert`` explains itself as it does in pytest), joins the
-process group, calls the test function with the fixture values the pytest process
-sent and its own ``cuda_rank``, and writes how it ended to ``rank<N>.json`` in the
-job's folder. ``SIGUSR1`` makes it write every thread's Python stack to
-``rank<N>.stack`` (the launcher's way to show where a hanging rank waits).
+Started by :mod:`pytest_cuda.rank_launch`, with the pytest process's ``sys.path``. For
+each test it imports the test's module once (with pytest's assertion rewriting, so a
+failed ``assert`` explains itself as it does in pytest), joins the process group (a
+warm rank keeps it from test to test), calls the test function with the fixture values
+the pytest process sent and its own ``cuda_rank``, and writes how it ended to
+``rank<N>.json`` in the job's folder. A warm rank reads the next job's folder from its
+stdin, and ends at end of file. ``SIGUSR1`` makes it write every thread's Python stack
+to ``rank<N>.stack`` (the launcher's way to show where a hanging rank waits).
 """
 
 from __future__ import annotations
@@ -24,16 +26,27 @@ import sys
 import time
 import traceback
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType, TracebackType
 
     from pytest_cuda.leaks import NoCudaLeak
+    from pytest_cuda.rank_leftovers import RankState
 
-__all__ = ["JOB_FILE", "body_path", "main", "result_path", "stack_path", "started_path"]
+__all__ = [
+    "JOB_FILE",
+    "body_path",
+    "err_path",
+    "main",
+    "out_path",
+    "result_path",
+    "stack_path",
+    "started_path",
+]
 
 JOB_FILE = "job.pickle"
 
@@ -44,6 +57,14 @@ def result_path(folder: Path, rank: int) -> Path:
 
 def stack_path(folder: Path, rank: int) -> Path:
     return folder / f"rank{rank}.stack"
+
+
+def out_path(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.out"
+
+
+def err_path(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.err"
 
 
 def started_path(folder: Path, rank: int) -> Path:
@@ -62,20 +83,27 @@ def _write(path: Path, result: dict[str, Any]) -> None:
     partial.replace(path)  # the launcher never reads half a file
 
 
+@dataclass
+class _Process:
+    """What a rank process keeps from one test to the next."""
+
+    rank: int
+    #: The process group generation it is in (the pool numbers them), and the group.
+    generation: int | None = None
+    group: Any = None
+    stack_file: IO[str] | None = None
+
+
 def main(argv: list[str]) -> int:
-    folder, rank = Path(argv[1]), int(argv[2])
-    stack_file = stack_path(folder, rank).open("w")  # kept open for the signal handler
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    job: dict[str, Any] = pickle.loads((folder / JOB_FILE).read_bytes())
-    sys.path[:] = job["sys_path"]
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(job["world_size"]),
-        LOCAL_WORLD_SIZE=str(job["world_size"]),
-    )
-    _Rank(job, rank, folder).run()
+    serve = argv[1] == "--serve"
+    folder, rank = Path(argv[2 if serve else 1]), int(argv[3 if serve else 2])
+    process = _Process(rank)
+    if not serve:
+        _run_job(folder, process, idle=None)
+    else:
+        for line in sys.stdin:
+            if not _run_job(Path(line.strip()), process, idle=folder):
+                break  # as a fresh rank would: its peers see it gone, and it is replaced
     sys.stdout.flush()
     sys.stderr.flush()
     # Not a normal interpreter exit: a rank whose peers failed may block for minutes
@@ -83,20 +111,62 @@ def main(argv: list[str]) -> int:
     os._exit(0)
 
 
-class _Rank:
-    """One rank's run: set up, the test body, the health check, finishing together with
-    the other ranks, then the leak check once the process group is gone."""
+def _redirect(out: Path, err: Path) -> None:
+    """Point this process's stdout and stderr (the file descriptors, so output from C
+    code goes there too) at ``out`` and ``err``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for path, fd in ((out, 1), (err, 2)):
+        with path.open("ab") as file:
+            os.dup2(file.fileno(), fd)
 
-    def __init__(self, job: dict[str, Any], rank: int, folder: Path) -> None:
+
+def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
+    """Run the job in ``folder``; a warm rank (``idle``: its pool's folder) sends its
+    output to the job's files meanwhile, and to ``idle`` after. Whether the rank may
+    run another test: it ended well and left nothing behind."""
+    rank = process.rank
+    if idle is not None:
+        _redirect(out_path(folder, rank), err_path(folder, rank))
+    old = process.stack_file
+    process.stack_file = stack_path(folder, rank).open("w")  # open for the signal handler
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=process.stack_file, all_threads=True)
+    if old is not None:
+        old.close()
+    job: dict[str, Any] = pickle.loads((folder / JOB_FILE).read_bytes())
+    sys.path[:] = job["sys_path"]
+    if job.get("cwd"):
+        os.chdir(job["cwd"])
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(job["world_size"]),
+        LOCAL_WORLD_SIZE=str(job["world_size"]),
+    )
+    result = _Rank(job, process, folder).run()
+    if idle is not None:  # the job's output complete before its result
+        _redirect(out_path(idle, rank), err_path(idle, rank))
+    _write(result_path(folder, rank), result)
+    return result["state"] in ("passed", "skipped", "xfailed") and not result.get("leftovers")
+
+
+class _Rank:
+    """One rank's run of one test: set up, the test body, the health check, finishing
+    together with the other ranks, what it left behind, then the leak check."""
+
+    def __init__(self, job: dict[str, Any], process: _Process, folder: Path) -> None:
         self.job = job
-        self.rank = rank
+        self.process = process
+        self.rank = process.rank
         self.folder = folder
         self.start = time.monotonic()
         self.joined = False
+        self.before: RankState | None = None
         self.leak_check: NoCudaLeak | None = None
         self.warnings: list[warnings.WarningMessage] = []
 
-    def run(self) -> None:
+    def run(self) -> dict[str, Any]:
         result = self._guarded(self._body)
         if result["state"] == "passed" and self.joined:
             _write(body_path(self.folder, self.rank), self._stamped(result))
@@ -105,8 +175,10 @@ class _Rank:
             with contextlib.suppress(Exception):  # the failure is what gets reported
                 from gpumagic import cuda
 
-                cuda.mark_rank_done(self.rank)  # the others need not wait for this one
-        _write(result_path(self.folder, self.rank), self._stamped(result))
+                cuda.mark_rank_done(self.rank, self.job["job"])  # none need wait for it
+            if result["state"] in ("skipped", "xfailed"):
+                result["leftovers"] = self._leftovers(groups=True)
+        return self._stamped(result)
 
     def _stamped(self, result: dict[str, Any]) -> dict[str, Any]:
         result["seconds"] = time.monotonic() - self.start
@@ -128,6 +200,29 @@ class _Rank:
             at = time.monotonic()
             return {**_failure(exc, self.job), "at": at}
 
+    def _join(self, device: Any) -> Any:
+        """The process group of this job's generation: the one this process is in, or
+        a new one (the old one destroyed first)."""
+        from gpumagic import cuda
+
+        job, process = self.job, self.process
+        cuda.connect_store(job["port"], job["world_size"], job["startup"])
+        if process.generation == job["group"]:
+            return process.group
+        if process.generation is not None:
+            process.generation = process.group = None
+            cuda.leave_group()
+        process.group = cuda.join_group(
+            job["backend"],
+            self.rank,
+            job["world_size"],
+            device=device,
+            prefix=f"pytest_cuda/group{job['group']}/",
+            group_timeout_s=job["group_timeout"],
+        )
+        process.generation = job["group"]
+        return process.group
+
     def _body(self) -> dict[str, Any]:
         from gpumagic import cuda
         from pytest_cuda.distributed import RankInfo
@@ -137,17 +232,14 @@ class _Rank:
         function, kwargs = pickle.loads(job["call"])
         devices: list[int] = job["devices"]
         device = cuda.rank_device(devices[rank] if devices else None)
-        group = cuda.join_group(
-            job["backend"],
-            rank,
-            job["world_size"],
-            job["port"],
-            store_timeout_s=job["startup"],
-            group_timeout_s=job["timeout"] + 60,
-        )
+        group = self._join(device)
         self.joined = True
         if job["wants_rank"]:
             kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
+        if job["warm"]:
+            from pytest_cuda.rank_leftovers import capture
+
+            self.before = capture()
         if job["leak"] is not None:
             from pytest_cuda.leaks import NoCudaLeak
 
@@ -171,30 +263,76 @@ class _Rank:
             }
         return {"state": "passed"}
 
+    def _leftovers(self, *, groups: bool) -> list[str]:
+        if self.before is None:
+            return []
+        from pytest_cuda.rank_leftovers import capture, left_behind
+
+        after = capture()
+        if not groups:
+            after = type(after)(after.environ, after.flags, self.before.groups)
+        return left_behind(self.before, after)
+
     def _finish_together(self) -> dict[str, Any]:
-        """A rank that passed waits for the others before the group is destroyed:
-        leaving early would break the collectives they may still be in, and hide which
-        rank made them wait. The leak check comes after: what the process group keeps
-        (buffers of its last collectives) is the group's, and goes with it."""
+        """A rank that passed waits for the others before anything else: leaving early
+        would break the collectives they may still be in, and hide which rank made them
+        wait. Then what it left behind, the group left where this test had it of its
+        own, and the leak check: a warm group's buffers were allocated by its warm-up,
+        before the leak check's baseline."""
         from gpumagic import cuda
 
-        cuda.mark_rank_done(self.rank)
+        job = self.job
+        cuda.mark_rank_done(self.rank, job["job"])
         # Longer than the launcher waits: a rank never leaves before the others finish.
-        cuda.wait_for_ranks(self.job["world_size"], self.job["timeout"] + self.job["startup"])
-        cuda.leave_group()
+        cuda.wait_for_ranks(job["world_size"], job["job"], job["timeout"] + job["startup"])
+        # A test's own group goes with it: groups it kept are no leftover then.
+        leaving = job["fresh_group"] or not job["warm"]
+        left = self._leftovers(groups=not leaving)
+        if leaving:
+            self.process.generation = self.process.group = None
+            cuda.leave_group()
+        leak: BaseException | None = None
         if self.leak_check is not None:
-            self.leak_check.__exit__(None, None, None)
+            try:
+                self.leak_check.__exit__(None, None, None)
+            except Exception as exc:
+                leak = exc
+        if left:
+            return _left_behind(left, leak)
+        if leak is not None:
+            raise leak
         return {"state": "passed"}
+
+
+def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]:
+    """The failure of a rank whose test left state behind for the next test."""
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    details = [
+        "It left, for the next test on this warm rank:",
+        *(f"  {line}" for line in lines),
+        "Put it back before the test returns (try/finally, or a fixture), destroy the "
+        "process groups it made (dist.destroy_process_group(group)), or mark the test "
+        "cuda_distributed(..., isolate=True) to give it fresh rank processes.",
+    ]
+    if leak is not None:
+        details += ["", str(leak)]
+    return {
+        "state": "failed",
+        "message": f"left state behind for the next test: {lines[0]}{more}",
+        "traceback": "\n".join(details),
+    }
 
 
 def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
     """How an exception ended the rank: pytest's outcomes keep their meaning."""
+    # By class, not name: pytest's outcome classes say they are in ``builtins``.
+    import pytest
+
     name = type(exc).__name__
-    module = type(exc).__module__
     message = str(getattr(exc, "msg", None) or exc)
-    if module.startswith("_pytest") and name == "Skipped":
+    if isinstance(exc, pytest.skip.Exception):
         return {"state": "skipped", "message": message}
-    if module.startswith("_pytest") and name == "XFailed":
+    if isinstance(exc, pytest.xfail.Exception):
         return {"state": "xfailed", "message": message}
     if name == "CudaLeakError":  # its text is the report; its frames are ours
         first, _, details = message.partition("\n")
@@ -206,7 +344,7 @@ def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
     site = failure_site(exc.__traceback__, in_file=Path(job["module_file"]), relative_to=Path.cwd())
     where = f"{site.path}:{site.lineno}" if site is not None else ""
     headline = message.strip().splitlines()[0] if message.strip() else ""
-    if not (module.startswith("_pytest") and name == "Failed"):
+    if not isinstance(exc, pytest.fail.Exception):
         headline = f"{name}: {headline}" if headline else name
     return {"state": "failed", "message": headline, "traceback": text, "where": where}
 

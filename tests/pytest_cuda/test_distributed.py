@@ -193,7 +193,10 @@ def test_gloo_ranks_all_reduce_fail_and_hang_as_reported(pytester: pytest.Pytest
         ({"world_size": 1.5}, "world_size must be a positive integer, got 1.5"),
         ({"backend": ""}, 'backend must be a name such as "nccl" or "gloo", got \'\''),
         ({"timeout": 0}, "timeout must be a number of seconds > 0, got 0"),
-        ({"ranks": 2}, "unknown keyword 'ranks'; known: world_size, backend, timeout"),
+        (
+            {"ranks": 2},
+            "unknown keyword 'ranks'; known: world_size, backend, timeout, fresh_group, isolate",
+        ),
     ],
 )
 def test_malformed_markers_say_what_is_wrong(kwargs: dict[str, object], message: str) -> None:
@@ -248,13 +251,19 @@ def test_the_first_rank_to_fail_is_the_one_that_failed_first(tmp_path: Path) -> 
     assert result.text.splitlines()[0] == "t: rank 1 of 2 failed: planted"
 
 
-def test_a_skipped_rank_skips_the_test() -> None:
+def test_a_skipped_rank_skips_the_test_saying_which() -> None:
     outcomes = [
         RankOutcome(0, "cpu", "passed"),
         RankOutcome(1, "cpu", "skipped", message="needs a file"),
     ]
     result = verdict(outcomes, DistributedSpec(backend="gloo"), timed_out=None, name="t")
-    assert (result.outcome, result.text) == ("skipped", "rank 1: needs a file")
+    assert (result.outcome, result.text) == (
+        "skipped",
+        "skipped on rank 1 only (rank 0 passed): needs a file",
+    )
+    every = [RankOutcome(r, "cpu", "skipped", message="needs a file") for r in (0, 1)]
+    result = verdict(every, DistributedSpec(backend="gloo"), timed_out=None, name="t")
+    assert (result.outcome, result.text) == ("skipped", "on every rank: needs a file")
 
 
 NCCL_TESTS = """

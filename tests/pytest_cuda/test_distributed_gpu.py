@@ -207,3 +207,185 @@ def test_ranks_under_xdist_with_two_devices_per_worker(pytester: pytest.Pytester
     )
     _keep("pytest -n 1 --cuda-devices=0,1 --cuda-devices-per-worker=2", result)
     result.assert_outcomes(passed=1)
+
+
+WARM = """
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+KEPT = []
+
+
+def keep_pid(cuda_rank, name):
+    print(f"pid {name} rank {cuda_rank.rank} {os.getpid()}")
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_01_barrier_all_reduce(cuda_rank):
+    keep_pid(cuda_rank, "01")
+    dist.barrier()
+    t = torch.full((1024,), float(cuda_rank.rank + 1), device=cuda_rank.device)
+    dist.all_reduce(t)
+    assert torch.all(t == 3.0)
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_02_ddp_step(cuda_rank):
+    keep_pid(cuda_rank, "02")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 8).to(cuda_rank.device)
+    ddp = DDP(model, device_ids=[cuda_rank.device.index])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ddp(torch.randn(32, 64, device=cuda_rank.device)).square().mean().backward()
+    opt.step()
+    weights = [torch.empty_like(model.weight) for _ in range(cuda_rank.world_size)]
+    dist.all_gather(weights, model.weight.detach())
+    assert torch.equal(weights[0], weights[1])
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_03_keeps_memory_on_rank1(cuda_rank):
+    keep_pid(cuda_rank, "03")
+    t = torch.ones(1, device=cuda_rank.device)
+    dist.all_reduce(t)
+    if cuda_rank.rank == 1:
+        KEPT.append(torch.empty(8 << 20, dtype=torch.uint8, device=cuda_rank.device))
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_04_after_the_leak(cuda_rank):
+    keep_pid(cuda_rank, "04")
+    assert not KEPT  # new ranks: the module was imported again
+    dist.barrier()
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_05_fails_on_rank1(cuda_rank):
+    keep_pid(cuda_rank, "05")
+    t = torch.ones(1, device=cuda_rank.device)
+    if cuda_rank.rank == 1:
+        raise RuntimeError("planted failure on rank 1")
+    dist.all_reduce(t)
+    t.item()
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_06_after_the_failure(cuda_rank):
+    keep_pid(cuda_rank, "06")
+    dist.all_reduce(torch.ones(1, device=cuda_rank.device))
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_07_flips_tf32_on_rank0(cuda_rank):
+    keep_pid(cuda_rank, "07")
+    if cuda_rank.rank == 0:
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=10)
+def test_08_hangs(cuda_rank):
+    keep_pid(cuda_rank, "08")
+    t = torch.ones(1, device=cuda_rank.device)
+    if cuda_rank.rank == 0:
+        return  # skips the collective
+    dist.all_reduce(t)
+    t.item()
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60, fresh_group=True)
+def test_09_after_the_hang_fresh_group(cuda_rank):
+    keep_pid(cuda_rank, "09")
+    dist.all_reduce(torch.ones(1, device=cuda_rank.device))
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=60)
+def test_10_last(cuda_rank):
+    keep_pid(cuda_rank, "10")
+    dist.barrier()
+    dist.all_reduce(torch.ones(1, device=cuda_rank.device))
+"""
+
+
+def _pids(result: pytest.RunResult) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {}
+    for line in result.outlines:
+        words = line.split()
+        if len(words) == 5 and words[0] == "pid" and words[2] == "rank":
+            found.setdefault(words[1], set()).add(int(words[4]))
+    return found
+
+
+def test_warm_nccl_ranks_contain_failures_and_report_leftovers(pytester: pytest.Pytester) -> None:
+    """Ten tests on one pair of warm NCCL ranks: the collectives pass under the leak
+    check (the library's own buffers are the group's warm-up's, not a test's), a
+    planted leak, failure, flag and hang fail on their rank, and the ranks are replaced
+    after each of them only."""
+    pytester.makepyfile(test_warm=WARM)
+    result = pytester.runpytest_subprocess(
+        "--cuda-devices=0,1",
+        "--cuda-leak-check",
+        "--cuda-leak-trace",
+        "-rA",
+        "-p",
+        "no:cacheprovider",
+    )
+    _keep("pytest --cuda-devices=0,1 --cuda-leak-check --cuda-leak-trace (warm NCCL)", result)
+    outcomes = {
+        line.split("::")[1].split()[0]: line.split()[0]
+        for line in result.outlines
+        if line.startswith(("PASSED", "FAILED"))
+    }
+    assert outcomes == {
+        "test_01_barrier_all_reduce": "PASSED",
+        "test_02_ddp_step": "PASSED",
+        "test_03_keeps_memory_on_rank1": "FAILED",
+        "test_04_after_the_leak": "PASSED",
+        "test_05_fails_on_rank1": "FAILED",
+        "test_06_after_the_failure": "PASSED",
+        "test_07_flips_tf32_on_rank0": "FAILED",
+        "test_08_hangs": "FAILED",
+        "test_09_after_the_hang_fresh_group": "PASSED",
+        "test_10_last": "PASSED",
+    }
+    result.stdout.fnmatch_lines(
+        [
+            "test_03_keeps_memory_on_rank1: rank 1 of 2 failed: CUDA memory leak: "
+            "test_03_keeps_memory_on_rank1 on rank 1 left 8.0 MiB on cuda:1 allocated "
+            "(tolerance 0 B), allocated at test_warm.py:*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_05_fails_on_rank1: rank 1 of 2 failed: RuntimeError: planted failure on "
+            "rank 1 at test_warm.py:*",
+            "rank 0 (cuda:0): still running after *, 5 s after rank 1 failed: stopped.",
+            "*test_warm.py*in test_05_fails_on_rank1",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_07_flips_tf32_on_rank0: rank 0 of 2 failed: left state behind for the "
+            "next test: torch.backends.cuda.matmul.allow_tf32 = True (it was False)*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_08_hangs: timed out after 10 s (cuda_distributed timeout): rank 1 never finished",
+            "rank 0 (cuda:0): passed after *, then waited for the other ranks until *",
+            "*in wait_for_ranks",
+            "rank 1 (cuda:1): still running after *: stopped.",
+            "*test_warm.py*in test_08_hangs",
+        ]
+    )
+    assert "Guessing device ID" not in result.stdout.str()
+    # Warm: tests 01-03 on one pair, then a new pair after each test that went wrong.
+    pids = {name: frozenset(found) for name, found in _pids(result).items()}
+    assert all(len(found) == 2 for found in pids.values()), pids
+    runs = [("01", "02", "03"), ("04", "05"), ("06", "07"), ("08",), ("09", "10")]
+    pairs = [{pids[name] for name in run} for run in runs]
+    assert [len(pair) for pair in pairs] == [1] * len(runs), pids
+    assert len({next(iter(pair)) for pair in pairs}) == len(runs), pids

@@ -81,6 +81,7 @@ from gpumagic.cuda.discovery import (
     torch_module,
     visible_devices,
 )
+from gpumagic.cuda.flags import torch_flags
 from gpumagic.cuda.objects import (
     TensorFacts,
     graph_owners,
@@ -92,11 +93,15 @@ from gpumagic.cuda.objects import (
 )
 from gpumagic.cuda.op_counts import OpCounts, count_ops
 from gpumagic.cuda.process_group import (
+    connect_store,
     host_store,
     join_group,
+    known_backends,
     leave_group,
+    live_groups,
     mark_rank_done,
     rank_device,
+    unknown_backends,
     wait_for_ranks,
 )
 from gpumagic.cuda.runtime import (
@@ -140,6 +145,7 @@ __all__ = [
     "capture_graph",
     "catch_syncs",
     "clear_fft_plan_caches",
+    "connect_store",
     "count_ops",
     "current_device",
     "current_streams",
@@ -159,8 +165,10 @@ __all__ = [
     "is_initialized",
     "is_module",
     "join_group",
+    "known_backends",
     "l2_flush_buffer",
     "leave_group",
+    "live_groups",
     "mark_rank_done",
     "memory_history_enabled",
     "memory_snapshot",
@@ -188,7 +196,9 @@ __all__ = [
     "synchronize",
     "tensor_facts",
     "torch_device",
+    "torch_flags",
     "torch_module",
+    "unknown_backends",
     "use_device",
     "visible_device_total",
     "visible_devices",

@@ -1,0 +1,59 @@
+"""What a test left in a warm rank for the next test: process groups, torch's global
+flags, environment variables.
+
+Warm ranks run one test after another in the same process, so a test that creates a
+process group and keeps it, turns TF32 on or sets an environment variable changes what
+the next test sees. Each rank captures its state (:func:`capture`) before the test
+function and after it; :func:`left_behind` says what changed, one line each. The rank
+fails the test with those lines, and the pool replaces its ranks, so the next test
+starts clean. GPU memory is the leak check's (``--cuda-leak-check``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["RankState", "capture", "left_behind"]
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank's process-wide state, as the next test would inherit it."""
+
+    environ: dict[str, str]
+    flags: dict[str, str]
+    #: Live process groups by ``id``: "backend, ranks [...]".
+    groups: dict[int, str]
+
+
+def capture() -> RankState:
+    """This rank's state now (torch is imported already: the rank joined its group)."""
+    from gpumagic import cuda
+
+    return RankState(dict(os.environ), cuda.torch_flags(), cuda.live_groups())
+
+
+def left_behind(before: RankState, after: RankState) -> list[str]:
+    """What changed from ``before`` to ``after``, one line each, groups first."""
+    lines = [
+        f"a process group ({described}) that is still alive"
+        for key, described in after.groups.items()
+        if key not in before.groups
+    ]
+    lines += [
+        f"{name} = {value} (it was {before.flags.get(name, 'unknown')})"
+        for name, value in after.flags.items()
+        if before.flags.get(name) != value
+    ]
+    for name in sorted(set(before.environ) | set(after.environ)):
+        old, new = before.environ.get(name), after.environ.get(name)
+        if old == new:
+            continue
+        if new is None:
+            lines.append(f"environment variable {name} unset (it was {old!r})")
+        elif old is None:
+            lines.append(f"environment variable {name}={new!r} (it was not set)")
+        else:
+            lines.append(f"environment variable {name}={new!r} (it was {old!r})")
+    return lines

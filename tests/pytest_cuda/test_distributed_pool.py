@@ -1,0 +1,436 @@
+"""Warm ranks (``cuda_distributed`` on the CPU with gloo): reused from test to test,
+replaced after a failure, a hang, a death or a test that left state behind.
+
+Each planted suite runs for real in two rank processes; every test records the pids of
+its ranks, so the tests can tell which tests shared processes. No rank process may
+outlive the run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from pytest_cuda.distributed import DistributedSpec, RankOutcome, verdict
+from pytest_cuda.rank_leftovers import RankState, left_behind
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+
+HEADER = """
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.fixture(scope="session")
+def pids(tmp_path_factory):
+    folder = tmp_path_factory.getbasetemp() / "pids"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def keep(pids, name, rank):
+    (pids / f"{name}-{rank}-{os.getpid()}").touch()
+
+
+def reduce(rank):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    assert t.item() == 3.0
+"""
+
+
+def _numbered(index: int) -> str:
+    if index == 5:  # a planted failure on rank 1
+        body = '    if cuda_rank.rank == 1:\n        assert index == 6, "planted"\n'
+    elif index == 12:  # a planted hang: rank 0 skips the collective
+        body = "    if cuda_rank.rank == 0:\n        return\n"
+    else:
+        body = ""
+    timeout = 2 if index == 12 else 30
+    return (
+        f'\n\n@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout={timeout})\n'
+        f"def test_{index:02d}(cuda_rank, pids):\n"
+        f"    index = {index}\n"
+        f'    keep(pids, "test_{index:02d}", cuda_rank.rank)\n'
+        f"{body}"
+        "    reduce(cuda_rank.rank)\n"
+    )
+
+
+SUITE = HEADER + "".join(_numbered(i) for i in range(1, 21))
+
+
+def _pids(base: Path) -> dict[str, set[int]]:
+    """``{test name: the pids of its ranks}`` (an xdist worker's under its own folder)."""
+    found: dict[str, set[int]] = {}
+    for path in base.glob("**/pids/*"):
+        name, _, pid = path.name.rpartition("-")
+        found.setdefault(name.rpartition("-")[0], set()).add(int(pid))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_planted=source)
+    return pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base", *args)
+
+
+def _none_left(pytester: pytest.Pytester) -> None:
+    pids = {pid for group in _pids(pytester.path / "base").values() for pid in group}
+    assert pids
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_a_failure_and_a_hang_fail_alone_and_the_rest_pass_on_warm_ranks(
+    pytester: pytest.Pytester,
+) -> None:
+    result = _run(pytester, SUITE)
+    result.assert_outcomes(passed=18, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "test_05: rank 1 of 2 failed: AssertionError: planted at test_planted.py:*",
+            "rank 0 (cpu): failed after * (after rank 1 had failed): *",
+            "rank 1 (cpu): failed after *: AssertionError: planted*",
+            "*assert 5 == 6*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_12: timed out after 2 s (cuda_distributed timeout): rank 1 never finished",
+            "rank 0 (cpu): passed after *, then waited for the other ranks until the "
+            "test's timeout of 2 s ran out",
+            "  Its Python stack when stopped (most recent call first):",
+            "*in wait_for_ranks",
+            "rank 1 (cpu): still running after *, the test's timeout of 2 s ran out: stopped.",
+            "  Its Python stack when stopped (most recent call first):",
+            "*in all_reduce",
+            "*test_planted.py*in test_12",
+        ]
+    )
+    failed = {line.split("::")[1].split()[0] for line in result.outlines if "FAILED" in line}
+    assert failed == {"test_05", "test_12"}
+    pids = _pids(pytester.path / "base")
+    assert len(pids) == 20
+    # One pair of processes before the failure, one until the hang, one after it.
+    runs = [range(1, 6), range(6, 13), range(13, 21)]
+    pairs = [{frozenset(pids[f"test_{i:02d}"]) for i in run} for run in runs]
+    assert [len(pair) for pair in pairs] == [1, 1, 1]
+    assert len({next(iter(pair)) for pair in pairs}) == 3
+    assert all(len(next(iter(pair))) == 2 for pair in pairs)
+    _none_left(pytester)
+
+
+LEFTOVERS = (
+    HEADER
+    + """
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_keeps_a_group(cuda_rank, pids):
+    keep(pids, "test_keeps_a_group", cuda_rank.rank)
+    if cuda_rank.rank == 1:
+        dist.new_group([1], use_local_synchronization=True)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_flips_tf32(cuda_rank, pids):
+    keep(pids, "test_flips_tf32", cuda_rank.rank)
+    if cuda_rank.rank == 0:
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_sets_env(cuda_rank, pids):
+    keep(pids, "test_sets_env", cuda_rank.rank)
+    if cuda_rank.rank == 1:
+        os.environ["PLANTED_LEFTOVER"] = "1"
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_turns_grad_off(cuda_rank, pids):
+    keep(pids, "test_turns_grad_off", cuda_rank.rank)
+    torch.set_grad_enabled(False)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", fresh_group=True)
+def test_own_group_may_keep_subgroups(cuda_rank, pids):
+    keep(pids, "test_own_group_may_keep_subgroups", cuda_rank.rank)
+    dist.new_group([0, 1])
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_clean_after(cuda_rank, pids):
+    keep(pids, "test_clean_after", cuda_rank.rank)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert "PLANTED_LEFTOVER" not in os.environ
+    assert torch.is_grad_enabled()
+    reduce(cuda_rank.rank)
+"""
+)
+
+
+def test_leftovers_fail_the_test_on_the_rank_that_left_them(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, LEFTOVERS)
+    result.assert_outcomes(passed=2, failed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "test_keeps_a_group: rank 1 of 2 failed: left state behind for the next test: "
+            "a process group (gloo, ranks [1]) that is still alive",
+            "*It left, for the next test on this warm rank:",
+            "*  a process group (gloo, ranks [[]1]) that is still alive",
+            "*Put it back before the test returns*isolate=True*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_flips_tf32: rank 0 of 2 failed: left state behind for the next test: "
+            "torch.backends.cuda.matmul.allow_tf32 = True (it was False)*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_sets_env: rank 1 of 2 failed: left state behind for the next test: "
+            "environment variable PLANTED_LEFTOVER='1' (it was not set)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_turns_grad_off: rank 0 of 2 failed: left state behind for the next test: "
+            "torch.is_grad_enabled() = False (it was True)",
+        ]
+    )
+    pids = _pids(pytester.path / "base")
+    # Each test that left state had its ranks replaced: every test ran on new ones.
+    firsts = [pids[name] for name in ("test_keeps_a_group", "test_flips_tf32", "test_sets_env")]
+    assert len({frozenset(p) for p in firsts}) == 3
+    assert pids["test_own_group_may_keep_subgroups"] == pids["test_clean_after"]
+    _none_left(pytester)
+
+
+OUTCOMES = (
+    HEADER
+    + """
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_skips_everywhere(cuda_rank, pids):
+    keep(pids, "test_skips_everywhere", cuda_rank.rank)
+    pytest.skip("no dataset here")
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_skips_on_rank1(cuda_rank, pids):
+    keep(pids, "test_skips_on_rank1", cuda_rank.rank)
+    if cuda_rank.rank == 1:
+        pytest.skip("rank 1 has no shard")
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_xfails(cuda_rank, pids):
+    keep(pids, "test_xfails", cuda_rank.rank)
+    pytest.xfail("known bug")
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="GLOO")
+def test_backend_in_capitals(cuda_rank, pids):
+    keep(pids, "test_backend_in_capitals", cuda_rank.rank)
+    assert cuda_rank.backend == "gloo"
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="glo")
+def test_typo(cuda_rank):
+    pass
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", isolate=True)
+def test_isolated(cuda_rank, pids):
+    keep(pids, "test_isolated", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", fresh_group=True)
+def test_fresh_group(cuda_rank, pids):
+    keep(pids, "test_fresh_group", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_after_a_fresh_group(cuda_rank, pids):
+    keep(pids, "test_after_a_fresh_group", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+"""
+)
+
+
+def test_skip_xfail_backend_names_and_the_switches(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, OUTCOMES)
+    result.assert_outcomes(passed=4, skipped=2, xfailed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED * test_planted.py:*: on every rank: no dataset here",
+            "SKIPPED * test_planted.py:*: skipped on rank 1 only (rank 0 passed): rank 1 has "
+            "no shard",
+        ],
+        consecutive=False,
+    )
+    result.stdout.fnmatch_lines(["XFAIL test_planted.py::test_xfails - on every rank: known bug"])
+    result.stdout.fnmatch_lines(
+        [
+            "usage: @pytest.mark.cuda_distributed(backend='glo') on "
+            "test_planted.py::test_typo: torch does not know the backend 'glo'; it knows "
+            "gloo, nccl, *",
+        ]
+    )
+    pids = _pids(pytester.path / "base")
+    warm = pids["test_skips_everywhere"]
+    for name in ("test_skips_on_rank1", "test_xfails", "test_backend_in_capitals"):
+        assert pids[name] == warm, name
+    assert not pids["test_isolated"] & warm
+    assert pids["test_fresh_group"] == pids["test_after_a_fresh_group"] == warm
+    _none_left(pytester)
+
+
+DEATHS = (
+    HEADER
+    + """
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_passes_first(cuda_rank, pids):
+    keep(pids, "test_passes_first", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_exits(cuda_rank, pids):
+    keep(pids, "test_exits", cuda_rank.rank)
+    if cuda_rank.rank == 1:
+        os._exit(3)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_killed(cuda_rank, pids):
+    keep(pids, "test_killed", cuda_rank.rank)
+    if cuda_rank.rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_passes_after(cuda_rank, pids):
+    keep(pids, "test_passes_after", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+"""
+)
+
+
+def test_a_rank_that_dies_is_the_headline(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, DEATHS)
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "test_exits: rank 1 of 2 failed: exit status 3",
+            "rank 0 (cpu): failed after * (after rank 1 had died): *",
+            "rank 1 (cpu): the process ended after * without a result (exit status 3)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_killed: rank 0 of 2 failed: killed by SIGKILL",
+            "rank 0 (cpu): the process ended after * without a result (killed by SIGKILL)",
+            "rank 1 (cpu): failed after * (after rank 0 had died): *",
+        ]
+    )
+    _none_left(pytester)
+
+
+PAIRS = HEADER + "".join(
+    f"""
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_{i}(cuda_rank, pids):
+    keep(pids, "test_{i}", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+"""
+    for i in range(4)
+)
+
+
+def test_each_xdist_worker_keeps_its_own_pool(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_planted=PAIRS)
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "-p", "no:cacheprovider", "--basetemp", "base"
+    )
+    result.assert_outcomes(passed=4)
+    pids = _pids(pytester.path / "base")
+    assert len(pids) == 4
+    # Two workers, each with one pair of warm ranks (a worker may have run every test).
+    assert len({frozenset(p) for p in pids.values()}) <= 2
+    assert all(len(p) == 2 for p in pids.values())
+    _none_left(pytester)
+
+
+def _state(**changes: dict[str, str]) -> RankState:
+    base = {
+        "environ": {"HOME": "/root"},
+        "flags": {"torch.backends.cudnn.benchmark": "False"},
+        "groups": {1: "gloo, ranks [0, 1]"},
+    }
+    return RankState(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_left_behind_says_what_changed_and_how() -> None:
+    before = _state()
+    after = _state(
+        environ={"FOO": "1"},
+        flags={"torch.backends.cudnn.benchmark": "True"},
+        groups={1: "gloo, ranks [0, 1]", 2: "gloo, ranks [1]"},
+    )
+    assert left_behind(before, after) == [
+        "a process group (gloo, ranks [1]) that is still alive",
+        "torch.backends.cudnn.benchmark = True (it was False)",
+        "environment variable FOO='1' (it was not set)",
+        "environment variable HOME unset (it was '/root')",
+    ]
+    assert left_behind(before, _state()) == []
+
+
+def test_a_peer_error_just_before_the_death_is_not_the_headline() -> None:
+    spec = DistributedSpec(backend="gloo")
+    dead = RankOutcome(1, "cpu", "exited", message="exit status 3", finished_at=1.0)
+    reset = RankOutcome(0, "cpu", "failed", message="Connection reset by peer", finished_at=0.98)
+    result = verdict([reset, dead], spec, timed_out=None, name="t")
+    assert result.text.splitlines()[0] == "t: rank 1 of 2 failed: exit status 3"
+    assert "rank 0 (cpu): failed after 0.0 s (after rank 1 had died)" in result.text
+    # An error well before the death came first: it is the headline.
+    early = RankOutcome(0, "cpu", "failed", message="ValueError: bad shard", finished_at=0.1)
+    result = verdict([early, dead], spec, timed_out=None, name="t")
+    assert result.text.splitlines()[0] == "t: rank 0 of 2 failed: ValueError: bad shard"
+
+
+def test_importing_the_pool_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pytest_cuda.rank_pool, pytest_cuda.rank_leftovers, pytest_cuda.plugin; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
+    )
+    assert out.stdout.strip() == "False"
