@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from fake_clock import FakeClock
 
-from gpumagic import cuda, cuda_errors, timing, timing_plan, timing_runs
+from gpumagic import cuda, cuda_errors, timing, timing_passes, timing_plan, timing_runs
 from gpumagic.cuda import runtime
 from gpumagic.devices import CudaStatus, DeviceInfo
 from gpumagic.timing import TimingOptions, time_cuda
@@ -321,14 +321,30 @@ class FakeSeam:
         return lambda: run(unroll)
 
     def profile_kernels(
-        self, warm: Callable[[], object], run: Callable[[], object], devices: Any, flushes: int = 0
+        self,
+        warm: Callable[[], object],
+        run: Callable[[], object],
+        devices: Any,
+        flushes: int = 0,
+        steps: int = 1,
     ) -> cuda.KernelProfile:
         warm()
         self.log.append("profile")
         self.log_len_before = len(self.log)
-        run()
+        for _ in range(steps):
+            run()
         removed = flushes
-        return cuda.KernelProfile(self.busy_us, None, (("kernel", 1, self.busy_us),), removed)
+        busy = self.busy_us * steps
+        runs = (self.busy_us,) * steps if steps > 1 and self.split_runs else ()
+        return cuda.KernelProfile(busy, None, (("kernel", steps, busy),), removed, runs)
+
+    def sm_clock(self, device: int) -> cuda.SmClock | None:
+        """The next of ``clocks`` (``None``: no NVML here), the last one once they run out."""
+        if not self.clocks:
+            return None
+        self.clock_reads += 1
+        mhz, reasons = self.clocks[min(self.clock_reads, len(self.clocks)) - 1]
+        return cuda.SmClock(mhz, reasons, self.default_mhz)
 
     def catch_syncs(
         self, run: Callable[[], object], code_files: Iterable[str], *, is_user: Any
@@ -346,12 +362,16 @@ class FakeSeam:
     fixed_span: float = 0.0
     slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
     ticks: float = 0.0
+    split_runs: bool = True  # CUPTI's record splits into the profiled runs
+    clocks: list[tuple[int, int | None]] = field(default_factory=list)  # (MHz, reasons)
+    clock_reads: int = 0
+    default_mhz: int | None = 1980
 
 
 @pytest.fixture
 def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
     fake = FakeSeam()
-    for module in (timing, timing_runs):  # the entry point and the runs
+    for module in (timing, timing_runs, timing_passes):  # the entry point, runs, passes
         monkeypatch.setattr(module, "cuda", fake)
     return fake
 
@@ -491,7 +511,9 @@ def test_kernels_pass_gives_busy_fraction_and_verdict(seam: FakeSeam) -> None:
 def test_validate_reports_events_over_cupti(seam: FakeSeam) -> None:
     seam.fixed_span = 2e-3  # every event interval, so every run, takes 2 ms
 
-    def profile(warm: Any, run: Any, devices: Any, flushes: int = 0) -> cuda.KernelProfile:
+    def profile(
+        warm: Any, run: Any, devices: Any, flushes: int = 0, steps: int = 1
+    ) -> cuda.KernelProfile:
         warm()
         run()
         busy = 0.99 * seam.fixed_span * 1e6  # CUPTI sees 99 % of the run's span as kernels
