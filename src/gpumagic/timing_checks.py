@@ -120,8 +120,13 @@ def throttle_line(
         why += f" after {limited_runs} of {known} runs"
     if default and low < default:
         near, far = ((default - c) / default * 100 for c in (high, low))
-        below = f"{max(near, 0):.0f}\u2013{far:.0f} %" if round(near) != round(far) else ""
-        why += f"; {below or f'{far:.0f} %'} under the default {default} MHz"
+        if round(near) <= 0:
+            below = f"up to {far:.0f} %"
+        elif round(near) != round(far):
+            below = f"{near:.0f}\u2013{far:.0f} %"
+        else:
+            below = f"{far:.0f} %"
+        why += f"; {below} under the default {default} MHz"
     elif default:
         why += f"; default {default} MHz"
     return f"the GPU ran at {ran} ({why}): this time holds at that clock"
@@ -130,7 +135,8 @@ def throttle_line(
 def split_off_clock(clocks: Sequence[int | None]) -> tuple[list[int], list[int]]:
     """Indices of the runs to keep and of those set apart: a run whose clock is more
     than :data:`CLOCK_OUTLIER` from the median clock of the runs. Runs with no clock
-    read are kept."""
+    read are kept, and so is every run when half of them or more would be set apart
+    (no clock is the usual one: the throttle line gives the range)."""
     span = clock_range(clocks)
     if span is None:
         return list(range(len(clocks))), []
@@ -140,6 +146,8 @@ def split_off_clock(clocks: Sequence[int | None]) -> tuple[list[int], list[int]]
     for i, c in enumerate(clocks):
         far = c is not None and abs(c - median) > CLOCK_OUTLIER * median
         (apart if far else keep).append(i)
+    if 2 * len(apart) >= len(clocks):
+        return list(range(len(clocks))), []
     return keep, apart
 
 
