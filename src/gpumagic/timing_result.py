@@ -21,6 +21,7 @@ from gpumagic.roofline import Roofline
 from gpumagic.units import format_bytes, format_rate, format_time, quantile
 
 __all__ = [
+    "DASH",
     "FIRST_CALL_WARNING",
     "TIMES",
     "CudaTimeResult",
