@@ -2,8 +2,9 @@
 
 Workloads: a 1 ms spin kernel (``torch.cuda._sleep``), a copy of at
 least 4x the L2 cache, a 4096^3 bf16 matmul, one tiny op (a 4 KB add), a loop of 50 small
-ops (150 kernels), a matmul on a side stream the body never joins, and a body with a
-hidden ``.item()``.
+ops (150 kernels), a matmul on a side stream the body never joins, a body with a
+hidden ``.item()``, and two bodies for ``--cold``'s L2 check: an 8 MiB multiply (fits in
+L2) and a 1 GiB one (does not).
 
 Reference: CUPTI kernel time of the same calls through torch.profiler (the sum of the
 device time of kernels, copies and memsets per call), warm (calls back to back) and
@@ -12,8 +13,14 @@ out by name). Each timer is a ratio to the reference of matching cache state:
 
 * warm: ``%cudatime`` (defaults), ``%cudatime --graph``, ``torch.utils.benchmark.Timer``
   (``blocked_autorange``, median) and IPython's ``%timeit`` (mean, what it prints);
+  ``%cudatime --timer cupti`` (CUPTI's kernel time of profiled runs as the headline);
 * cold: ``triton.testing.do_bench`` (median; it flushes L2 before each call) and
-  ``%cudatime --cold``.
+  ``%cudatime --cold`` (with its L2 check: cold over warm single calls).
+
+The GPU's clock is part of every row: NVML's SM clock and its reasons (power cap,
+thermal...) read after every measurement of every method (``gpumagic.cuda.sm_clock``),
+and the clocks ``%cudatime`` itself read after each of its runs (range, share at the
+default clock, the reasons, the runs' own spread).
 
 Runs are interleaved: every trial measures every workload with every method in turn, so
 drift in clocks or load hits all of them alike; ratios are medians over the trials with
@@ -42,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-WARM = ("gpumagic", "gpumagic --graph", "torch Timer", "%timeit")
+WARM = ("gpumagic", "gpumagic --graph", "gpumagic --timer cupti", "torch Timer", "%timeit")
 COLD = ("do_bench", "gpumagic --cold")
 GPU_BOUND = ("spin 1 ms", "copy 4x L2", "bf16 mm 4096", "side-stream mm")
 LAUNCH_BOUND = ("tiny add 4 KB", "50-op loop")
@@ -56,6 +63,7 @@ class Workload:
     fn: Callable[[], object]
     graph: bool = True
     cold: bool = True
+    warm: bool = True  # the warm timers too (the --cold-only bodies: no)
 
 
 def build_workloads(torch: Any, cycles_per_ms: float) -> list[Workload]:
@@ -86,6 +94,11 @@ def build_workloads(torch: Any, cycles_per_ms: float) -> list[Workload]:
         if y.sum().item() > 1e30:
             raise AssertionError
 
+    in_l2 = torch.randn(2 << 20, device="cuda")  # 8 MiB
+    in_l2_out = torch.empty_like(in_l2)
+    gib = torch.randn(256 << 20, device="cuda")  # 1 GiB
+    gib_out = torch.empty_like(gib)
+
     return [
         Workload("spin 1 ms", lambda: torch.cuda._sleep(cycles)),
         Workload(f"copy 4x L2 ({copy_bytes >> 20} MiB)", lambda: dst.copy_(src)),
@@ -94,6 +107,8 @@ def build_workloads(torch: Any, cycles_per_ms: float) -> list[Workload]:
         Workload("50-op loop", chain, cold=False),
         Workload("side-stream mm", side_mm, graph=False, cold=False),
         Workload("hidden .item()", hidden_item, graph=False, cold=False),
+        Workload("cold 8 MiB mul", lambda: torch.mul(in_l2, 2, out=in_l2_out), graph=False),
+        Workload("cold 1 GiB mul", lambda: torch.mul(gib, 2, out=gib_out), graph=False, warm=False),
     ]
 
 
@@ -101,12 +116,31 @@ def short(name: str) -> str:
     return name.split(" (", maxsplit=1)[0]
 
 
-def sm_clock(torch: Any) -> float:
-    """The SM clock now, in MHz (NVML through torch), or nan."""
-    try:
-        return float(torch.cuda.clock_rate(0))
-    except Exception:  # NVML missing or not permitted: the clock is only context
-        return float("nan")
+def sm_clock() -> tuple[float, list[str]]:
+    """The SM clock now, in MHz, and NVML's reasons for it (nan and none without NVML)."""
+    from gpumagic import cuda, timing_checks
+
+    reading = cuda.sm_clock(0)
+    if reading is None:
+        return float("nan"), []
+    return float(reading.mhz), timing_checks.reason_names(reading.reasons or 0)
+
+
+def run_facts(r: Any) -> dict[str, Any]:
+    """What a %cudatime result says about its own runs: clocks, reasons, spread, checks."""
+    return {
+        "clocks_mhz": r.clocks_mhz,
+        "default_clock_mhz": r.default_clock_mhz,
+        "at_default_clock": r.at_default_clock,
+        "throttle_reasons": r.throttle_reasons,
+        "throttled_runs": r.throttled_runs,
+        "runs": r.repeat,
+        "rel_iqr": r.rel_iqr,
+        "events_s": r.events_time,
+        "gap_s": r.gap_time,
+        "cold_warm_ratio": r.cold_warm_ratio,
+        "warnings": r.warnings,
+    }
 
 
 def calibrate_spin(torch: Any) -> float:
@@ -194,6 +228,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="append one JSON object per measurement to this file")
     parser.add_argument("--trials", type=int, default=5, help="interleaved trials (default 5)")
+    parser.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="only the workloads whose names start with one of these, separated by commas "
+        "(e.g. 'spin,bf16 mm,cold'); targets of the others read n/a",
+    )
     args = parser.parse_args()
 
     import torch
@@ -229,16 +269,23 @@ def main() -> int:
     shell.run_line_magic("load_ext", "gpumagic")
     cycles_per_ms = calibrate_spin(torch)
     workloads = build_workloads(torch, cycles_per_ms)
+    if args.only:
+        prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
+        workloads = [w for w in workloads if w.name.startswith(prefixes)]
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
     flush = torch.empty(max(2 * l2, 256 << 20) // 4, dtype=torch.int32, device="cuda")
     results: dict[tuple[str, str], list[float]] = {}
     clocks: dict[tuple[str, str], list[float]] = {}
+    reasons: dict[tuple[str, str], set[str]] = {}
+    facts: dict[tuple[str, str], list[dict[str, Any]]] = {}
     walls: dict[str, list[float]] = {}
     extra: dict[str, dict[str, Any]] = {}
 
     def cudatime(options: str, fn: Callable[[], object]) -> Any:
         shell.user_ns["fn"] = fn
         return shell.run_line_magic("cudatime", f"-q -o {options} fn()")
+
+    last_facts: dict[str, dict[str, Any]] = {}  # what the last %cudatime said of its runs
 
     def measure(trial: int, w: Workload, method: str, run: Callable[[], float]) -> None:
         try:
@@ -248,8 +295,9 @@ def main() -> int:
             print(f"  {w.name} / {method}: {type(exc).__name__}: {exc}", file=sys.stderr)
         torch.cuda.synchronize()
         results.setdefault((w.name, method), []).append(seconds)
-        clock = sm_clock(torch)
+        clock, why = sm_clock()
         clocks.setdefault((w.name, method), []).append(clock)
+        reasons.setdefault((w.name, method), set()).update(why)
         record = {
             "bench": "timing",
             "trial": trial,
@@ -257,14 +305,32 @@ def main() -> int:
             "method": method,
             "seconds": seconds,
             "sm_clock_mhz_after": clock,
+            "throttle_reasons_after": why,
         }
+        found = last_facts.pop("facts", None)
+        if found is not None:
+            record.update(found)
+            facts.setdefault((w.name, method), []).append(found)
         records.append(record)
+
+    def noted(r: Any) -> Any:
+        last_facts["facts"] = run_facts(r)
+        return r
 
     def gpumagic_default(w: Workload) -> float:
         started = time.perf_counter()
-        r = cudatime("", w.fn)
+        r = noted(cudatime("", w.fn))
         walls.setdefault(w.name, []).append(time.perf_counter() - started)
         return float(r.median)
+
+    def gpumagic_cupti(w: Workload) -> float:
+        r = noted(cudatime("--timer cupti", w.fn))
+        if r.timer != "cupti":
+            raise RuntimeError("; ".join(r.warnings))
+        return float(r.median)
+
+    def gpumagic_cold(w: Workload) -> float:
+        return float(noted(cudatime("--cold --budget 0.5", w.fn)).median)
 
     def gpumagic_graph(w: Workload) -> float:
         r = cudatime("--graph --budget 0.5", w.fn)
@@ -292,6 +358,7 @@ def main() -> int:
             measure(trial, w, "CUPTI warm", warm_reference)
             results.setdefault((w.name, "CUPTI span"), []).append(spans[0] if spans else math.nan)
             measure(trial, w, "gpumagic", lambda w=w: gpumagic_default(w))
+            measure(trial, w, "gpumagic --timer cupti", lambda w=w: gpumagic_cupti(w))
             measure(
                 trial,
                 w,
@@ -302,7 +369,8 @@ def main() -> int:
                     .median
                 ),
             )
-            measure(trial, w, "%timeit", lambda w=w: timeit(w))
+            if w.warm:
+                measure(trial, w, "%timeit", lambda w=w: timeit(w))
             if w.graph:
                 measure(trial, w, "gpumagic --graph", lambda w=w: gpumagic_graph(w))
             if w.cold:
@@ -318,12 +386,7 @@ def main() -> int:
                     "do_bench",
                     lambda w=w: triton.testing.do_bench(w.fn, return_mode="median") * 1e-3,
                 )
-                measure(
-                    trial,
-                    w,
-                    "gpumagic --cold",
-                    lambda w=w: float(cudatime("--cold --budget 0.5", w.fn).median),
-                )
+                measure(trial, w, "gpumagic --cold", lambda w=w: gpumagic_cold(w))
         print(f"trial {trial + 1}/{args.trials} done at {time.perf_counter() - started:.0f} s")
 
     for w in workloads:
@@ -339,7 +402,7 @@ def main() -> int:
         }
         records.append({"bench": "timing", "kind": "checks", "workload": w.name, **extra[w.name]})
 
-    rows, summary = table(workloads, results, extra, clocks)
+    rows, summary = table(workloads, results, extra, clocks=clocks, reasons=reasons, facts=facts)
     targets = check_targets(workloads, results, extra, summary)
     records.extend(summary)
     records.extend(targets)
@@ -375,17 +438,86 @@ def median_clock(clocks: dict[tuple[str, str], list[float]], key: tuple[str, str
     return statistics.median(seen) if seen else float("nan")
 
 
+def facts_of(
+    facts: dict[tuple[str, str], list[dict[str, Any]]], key: tuple[str, str], name: str
+) -> list[Any]:
+    return [f[name] for f in facts.get(key, []) if f.get(name) is not None]
+
+
+def clock_cells(
+    w: Workload,
+    clocks: dict[tuple[str, str], list[float]],
+    reasons: dict[tuple[str, str], set[str]],
+    facts: dict[tuple[str, str], list[dict[str, Any]]],
+) -> tuple[list[str], dict[str, Any]]:
+    """The clock and throttle columns of one workload, and the same facts for JSON."""
+    ours = (w.name, "gpumagic")
+    spans = facts_of(facts, ours, "clocks_mhz")
+    low = min((c[0] for c in spans), default=None)
+    high = max((c[2] for c in spans), default=None)
+    share = facts_of(facts, ours, "at_default_clock")
+    iqr = facts_of(facts, ours, "rel_iqr")
+    seen: set[str] = set()
+    for key, names in reasons.items():
+        if key[0] == w.name:
+            seen.update(names)
+    for names in facts_of(facts, ours, "throttle_reasons"):
+        seen.update(names)
+    after = {
+        method: median_clock(clocks, (w.name, method))
+        for method in ("CUPTI warm", "gpumagic", "do_bench", "torch Timer")
+    }
+    gaps = facts_of(facts, (w.name, "gpumagic --timer cupti"), "gap_s")
+    events = facts_of(facts, (w.name, "gpumagic --timer cupti"), "events_s")
+    cold = facts_of(facts, (w.name, "gpumagic --cold"), "cold_warm_ratio")
+    record: dict[str, Any] = {
+        "clock_mhz_min": low,
+        "clock_mhz_max": high,
+        "at_default_clock": statistics.median(share) if share else None,
+        "throttle_reasons": sorted(seen),
+        "gpumagic_rel_iqr": statistics.median(iqr) if iqr else None,
+        "gap_s": statistics.median(gaps) if gaps else None,
+        "gap_share": statistics.median(g / e for g, e in zip(gaps, events, strict=False) if e)
+        if gaps and events
+        else None,
+        "cold_warm_ratio": statistics.median(cold) if cold else None,
+        **{f"sm_clock_mhz_after_{m.replace(' ', '_').lower()}": c for m, c in after.items()},
+    }
+    cells = [
+        f"{low}\u2013{high}" if low is not None else "n/a",
+        f"{record['at_default_clock'] * 100:.0f} %" if share else "n/a",
+        ", ".join(sorted(seen)) or "none",
+        " / ".join(f"{c:.0f}" for c in after.values()),
+        f"{record['gpumagic_rel_iqr'] * 100:.1f} %" if iqr else "n/a",
+        f"{record['gap_s'] * 1e6:.2f} µs ({record['gap_share'] * 100:.1f} %)"
+        if gaps and record["gap_share"] is not None
+        else "n/a",
+        f"{record['cold_warm_ratio']:.2f}\u00d7" if cold else "n/a",
+    ]
+    return cells, record
+
+
+CLOCK_HEADER = (
+    "| SM MHz (gpumagic runs) | at default clock | throttle (NVML) "
+    "| SM MHz after CUPTI / gpumagic / do_bench / torch Timer | IQR (gpumagic) "
+    "| events gap (--timer cupti) | cold / warm (--cold) |"
+)
+
+
 def table(
     workloads: list[Workload],
     results: dict[tuple[str, str], list[float]],
     extra: dict[str, dict[str, Any]],
+    *,
     clocks: dict[tuple[str, str], list[float]] | None = None,
+    reasons: dict[tuple[str, str], set[str]] | None = None,
+    facts: dict[tuple[str, str], list[dict[str, Any]]] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     header = (
-        "| workload | CUPTI warm | gpumagic | gpumagic / CUPTI span | torch Timer | %timeit "
-        "| gpumagic --graph "
+        "| workload | CUPTI warm | gpumagic | gpumagic / CUPTI span | gpumagic --timer cupti "
+        "| torch Timer | %timeit | gpumagic --graph "
         "| CUPTI cold | do_bench | gpumagic --cold | verdict (--kernels) | default run "
-        "| SM MHz after CUPTI / gpumagic |"
+        + CLOCK_HEADER
     )
     rows = [header, "| " + " | ".join(["---"] * (header.count("|") - 1)) + " |"]
     summary = []
@@ -405,6 +537,7 @@ def table(
         for method, reference in (
             ("gpumagic", warm),
             ("gpumagic / CUPTI span", span),
+            ("gpumagic --timer cupti", warm),
             ("torch Timer", warm),
             ("%timeit", warm),
             ("gpumagic --graph", warm),
@@ -421,11 +554,10 @@ def table(
         checks = extra.get(w.name, {})
         cells.append(str(checks.get("verdict", "")))
         cells.append(f"{checks.get('wall_max', float('nan')):.2f} s")
-        ref_clock = median_clock(clocks or {}, (w.name, "CUPTI warm"))
-        our_clock = median_clock(clocks or {}, (w.name, "gpumagic"))
-        cells.append(f"{ref_clock:.0f} / {our_clock:.0f}")
-        record["sm_clock_mhz_after_cupti"] = ref_clock
-        record["sm_clock_mhz_after_gpumagic"] = our_clock
+        clock_row, clock_record = clock_cells(w, clocks or {}, reasons or {}, facts or {})
+        cells += clock_row
+        record.update(clock_record)
+        record["sm_clock_mhz_after_cupti"] = clock_record["sm_clock_mhz_after_cupti_warm"]
         rows.append("| " + " | ".join(cells) + " |")
         summary.append(record)
     return rows, summary
@@ -449,7 +581,7 @@ def check_targets(
                 "met": bool(ratio and abs(ratio - 1) <= 0.01),
             }
         )
-    tiny = names["tiny add 4 KB"]
+    tiny = names.get("tiny add 4 KB", "")
     graph = results.get((tiny, "gpumagic --graph"), [])
     warm = results.get((tiny, "CUPTI warm"), [])
     diffs = [
@@ -464,7 +596,7 @@ def check_targets(
         }
     )
     for name in LAUNCH_BOUND:
-        verdict = extra.get(names[name], {}).get("verdict", "")
+        verdict = extra.get(names.get(name, ""), {}).get("verdict", "")
         targets.append(
             {
                 "target": f"{name} labelled launch-bound",
@@ -472,7 +604,7 @@ def check_targets(
                 "met": verdict.startswith("launch/CPU-bound"),
             }
         )
-    item = extra.get(names["hidden .item()"], {})
+    item = extra.get(names.get("hidden .item()", ""), {})
     syncs = item.get("syncs_per_loop") or 0
     targets.append(
         {
@@ -481,6 +613,7 @@ def check_targets(
             "met": syncs >= 1 and "Tensor.item" in item.get("sync_ops", []),
         }
     )
+    targets += clock_targets(by_name)
     wall = max((e.get("wall_max", 0.0) for e in extra.values()), default=float("nan"))
     targets.append(
         {
@@ -491,6 +624,46 @@ def check_targets(
     )
     for t in targets:
         t.update(bench="timing", kind="target")
+    return targets
+
+
+def clock_targets(by_name: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 28's targets: the spin without a throttle line, the matmul naming its clock
+    range and reason when throttled, --timer cupti on CUPTI, the cold L2 check shown."""
+    spin = by_name.get("spin 1 ms", {})
+    mm = by_name.get("bf16 mm 4096", {})
+    targets = [
+        {
+            "target": "spin 1 ms: no throttle reason, at the default clock",
+            "measured": f"{spin.get('throttle_reasons')}, at default "
+            f"{spin.get('at_default_clock')}",
+            "met": bool(spin) and not spin.get("throttle_reasons"),
+        },
+        {
+            "target": "bf16 mm 4096: clock range and reason named (when throttled)",
+            "measured": f"{mm.get('clock_mhz_min')}\u2013{mm.get('clock_mhz_max')} MHz, "
+            f"{', '.join(mm.get('throttle_reasons') or []) or 'no reason'}",
+            "met": bool(mm.get("clock_mhz_min")),
+        },
+    ]
+    for name in GPU_BOUND:
+        ratio = by_name.get(name, {}).get("gpumagic --timer cupti")
+        targets.append(
+            {
+                "target": f"{name}: --timer cupti within 1 % of CUPTI",
+                "measured": f"{ratio:.4f}" if ratio else "n/a",
+                "met": bool(ratio and abs(ratio - 1) <= 0.01),
+            }
+        )
+    for name in ("cold 8 MiB mul", "cold 1 GiB mul"):
+        ratio = by_name.get(name, {}).get("cold_warm_ratio")
+        targets.append(
+            {
+                "target": f"{name}: --cold shows its L2 check",
+                "measured": f"cold {ratio:.2f}\u00d7 warm" if ratio else "n/a",
+                "met": bool(ratio),
+            }
+        )
     return targets
 
 

@@ -1186,6 +1186,7 @@ def _table_timing(run: Run) -> Table:
     methods = ("gpumagic", "gpumagic / CUPTI span", "torch Timer", "%timeit", "gpumagic --graph")
     cold = ("do_bench", "gpumagic --cold")
     out = []
+    clocks = any("clock_mhz_min" in r for r in run.rows(kind="summary"))
     for r in run.rows(kind="summary"):
         cells = [str(r["workload"])]
         warm = r.get("cupti_warm_s")
@@ -1194,6 +1195,8 @@ def _table_timing(run: Run) -> Table:
         cold_s = r.get("cupti_cold_s")
         cells.append(f"{cold_s * 1e6:.1f} µs" if cold_s else "n/a")
         cells += [f"{r[m]:.3f}" if r.get(m) is not None else "n/a" for m in cold]
+        if clocks:
+            cells += _timing_clock_cells(r)
         out.append(cells)
     header = [
         "workload",
@@ -1207,7 +1210,27 @@ def _table_timing(run: Run) -> Table:
         "do_bench",
         "`--cold`",
     ]
+    if clocks:  # runs since issue 28 carry the clocks and the new timers
+        header += ["`--timer cupti`", "SM MHz", "at default", "throttle", "IQR", "cold ÷ warm"]
     return header, out
+
+
+def _timing_clock_cells(r: dict[str, Any]) -> list[str]:
+    """Issue 28's columns of one workload: --timer cupti, the clock range %cudatime's
+    runs read, their share at the default clock, NVML's reasons, their spread, the L2
+    check."""
+    low, high = r.get("clock_mhz_min"), r.get("clock_mhz_max")
+    share, iqr = r.get("at_default_clock"), r.get("gpumagic_rel_iqr")
+    cold = r.get("cold_warm_ratio")
+    cupti = r.get("gpumagic --timer cupti")
+    return [
+        f"{cupti:.3f}" if cupti is not None else "n/a",
+        f"{low}\N{EN DASH}{high}" if low is not None else "n/a",
+        f"{share * 100:.0f} %" if share is not None else "n/a",
+        ", ".join(r.get("throttle_reasons") or []) or "none",
+        f"{iqr * 100:.1f} %" if iqr is not None else "n/a",
+        f"{cold:.2f}{TIMES}" if cold is not None else "n/a",
+    ]
 
 
 def _targets(run: Run) -> Table | None:

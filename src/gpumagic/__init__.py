@@ -82,7 +82,7 @@ def _origin(magic: Any) -> str:
 def __getattr__(name: str) -> Any:
     """``gpumagic.compare``, imported on first use (importing gpumagic stays free)."""
     if name == "compare":
-        from gpumagic.timing_result import compare
+        from gpumagic.timing_compare import compare
 
         return compare
     raise AttributeError(f"module 'gpumagic' has no attribute {name!r}")

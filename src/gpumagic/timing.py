@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, cast
 from gpumagic import cuda
 from gpumagic.cuda_errors import error_hint
 from gpumagic.devices import DeviceSpec, pick_devices
+from gpumagic.timing_passes import Setup
 from gpumagic.timing_plan import Body, TimingOptions, verdict
-from gpumagic.timing_runs import Setup, Timer
+from gpumagic.timing_runs import Timer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator

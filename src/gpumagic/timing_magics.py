@@ -146,6 +146,23 @@ class CudaTimeMagics(Magics):
         help="also measure with CUPTI and show events / CUPTI for the same loops",
     )
     @argument(
+        "--timer",
+        metavar="TIMER",
+        default="events",
+        help="the headline's clock: events (default: CUDA events around runs of "
+        "back-to-back loops) or cupti (CUPTI's kernel time of profiled runs of the same "
+        "loops, the events and their gap shown beside it; says so and falls back to "
+        "events where CUPTI fails)",
+    )
+    @argument(
+        "--clock-outliers",
+        dest="clock_outliers",
+        metavar="WHAT",
+        default="keep",
+        help="runs whose SM clock was over 10 %% off the median clock: keep (default: "
+        "kept in the numbers, a note names them) or drop (left out, at least 3 runs kept)",
+    )
+    @argument(
         "--sync-check",
         dest="sync_check",
         action="store_true",
@@ -204,10 +221,24 @@ class CudaTimeMagics(Magics):
         the host like %timeit and says so. A note already shown in this session is not
         shown again. Names assigned in the body stay local to it, as with %timeit.
 
+        After each run the SM clock and NVML's reasons for it (power cap, thermal
+        slowdown, sync boost...) are read; the result carries them (clocks_mhz,
+        throttle_reasons, at_default_clock) and, when the GPU was held back, one line
+        says so: "the GPU ran at 1395-1455 MHz (power cap; 27-30 % under the default
+        1980 MHz): this time holds at that clock". Runs far off the median clock are
+        named in a note (--clock-outliers drop leaves them out). Without NVML the
+        clocks are unknown and nothing is said about them. With kernel figures
+        (--kernels, --validate, --timer cupti) a "gaps" row splits the events' excess
+        over CUPTI's kernel time per loop into the idle time between kernels and the
+        launching around them. --cold adds an "L2 check" row: the cold calls against
+        warm single calls of the same body, and the bytes flushed against the L2 size;
+        a warning says when cold and warm agree.
+
         Examples::
 
           %cudatime torch.mm(a, b)
           %cudatime --kernels --flops 2*4096**3 torch.mm(a, b)
+          %cudatime --timer cupti torch.mm(a, b)
           %%cudatime --sync-check x = torch.randn(1 << 20, device="cuda")
           y = x * 2
           total = y.sum().item()
@@ -398,6 +429,8 @@ def _options(args: argparse.Namespace) -> TimingOptions:
             flops=None if args.flops is None else parse_amount(args.flops),
             bytes=None if args.bytes is None else parse_amount(args.bytes, sizes=True),
             count=not args.no_count,
+            timer=args.timer,
+            clock_outliers=args.clock_outliers,
         )
     except ValueError as exc:
         raise UsageError(f"%cudatime: {exc}") from None

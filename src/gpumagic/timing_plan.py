@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from gpumagic.timing_result import CudaTimeResult
 
 __all__ = [
+    "CLOCK_OUTLIER_CHOICES",
     "FEWEST_RUNS",
     "MIN_RUNS",
+    "TIMERS",
     "Body",
     "Run",
     "TimingOptions",
@@ -54,6 +56,8 @@ GRAPH_MAX_UNROLL = 256
 MAX_COUNT = sys.maxsize  # loops, runs and warm-up calls Python can count in one loop
 MAX_PRECISION = 17  # significant digits a float holds
 CUDA_OPTIONS = ("cold", "graph", "kernels", "validate", "sync_check")
+TIMERS = ("events", "cupti")
+CLOCK_OUTLIER_CHOICES = ("keep", "drop")
 
 
 class Body(Protocol):
@@ -96,6 +100,13 @@ class TimingOptions:
     bytes: float | None = None
     #: Whether to count FLOPs and bytes in one more call (``--no-count``: no).
     count: bool = True
+    #: The headline's clock (``--timer``): ``"events"`` (CUDA events around runs of
+    #: back-to-back loops) or ``"cupti"`` (CUPTI's kernel time of profiled runs of the
+    #: same loops, the events shown beside it).
+    timer: str = "events"
+    #: Runs whose SM clock was far off the median clock (``--clock-outliers``):
+    #: ``"keep"`` them in the numbers (a note names them) or ``"drop"`` them.
+    clock_outliers: str = "keep"
 
     def __post_init__(self) -> None:
         for name, low, high in (
@@ -117,10 +128,19 @@ class TimingOptions:
                 raise ValueError(f"{name} must be a positive number, got {value}")
         if self.device is not None and self.device < 0:
             raise ValueError(f"the device index must be 0 or more, got {self.device}")
+        for name, choices in (("timer", TIMERS), ("clock_outliers", CLOCK_OUTLIER_CHOICES)):
+            value = getattr(self, name)
+            if value not in choices:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} takes {' or '.join(choices)}, not {value!r}")
 
     def cuda_only(self) -> list[str]:
         """The options given that need CUDA, as the user typed them."""
         given = ["--" + n.replace("_", "-") for n in CUDA_OPTIONS if getattr(self, n)]
+        if self.timer != "events":
+            given.append(f"--timer {self.timer}")
+        if self.clock_outliers != "keep":
+            given.append(f"--clock-outliers {self.clock_outliers}")
         if self.device is not None:
             given.append(f"--device {self.device}")
         return given
@@ -142,6 +162,10 @@ class Run:
     # devices' idle: other streams' work the timed streams did not wait for.
     #: Host seconds from the timed streams' end to the devices' idle.
     tail: float = 0.0
+    #: The SM clock in MHz read right after the run; ``None`` when not read.
+    sm_mhz: int | None = None
+    #: NVML's clocks event reasons read with it (a bit mask); ``None`` when not read.
+    clock_reasons: int | None = None
 
     @property
     def per_loop(self) -> float:

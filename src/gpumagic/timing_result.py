@@ -1,4 +1,5 @@
-"""What ``%cudatime`` measured: :class:`CudaTimeResult`, its renderings, and :func:`compare`.
+"""What ``%cudatime`` measured: :class:`CudaTimeResult` and its renderings
+(:func:`~gpumagic.timing_compare.compare` puts several side by side).
 
 Pure data and formatting: no torch, no IPython. A result carries the attributes of
 IPython's ``TimeitResult`` (``loops``, ``repeat``, ``best``, ``worst``, ``all_runs``,
@@ -13,23 +14,19 @@ import html
 import math
 import textwrap
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gpumagic import timing_checks as checks
 from gpumagic.roofline import Roofline
 from gpumagic.units import format_bytes, format_rate, format_time, quantile
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
 __all__ = [
+    "DASH",
     "FIRST_CALL_WARNING",
     "TIMES",
-    "Comparison",
-    "ComparisonRow",
     "CudaTimeResult",
     "KernelStat",
     "SyncSite",
-    "compare",
     "format_time",
     "quantile",
 ]
@@ -125,7 +122,7 @@ class CudaTimeResult:
     torch_version: str | None = None
     #: The CUDA version torch was built with, or ``None``.
     cuda_version: str | None = None
-    #: ``--kernels``/``--validate``: GPU seconds per loop that CUPTI recorded, the
+    #: ``--kernels``/``--validate``/``--timer cupti``: GPU seconds per loop that CUPTI recorded, the
     #: durations of the body's kernels, copies and memsets summed; ``None`` without them.
     kernel_time: float | None = None
     #: ``--kernels``: seconds per loop from the first kernel's start to the last one's end,
@@ -133,7 +130,7 @@ class CudaTimeResult:
     kernel_span: float | None = None
     #: ``--kernels``: each kernel, per loop, as :class:`KernelStat`.
     kernels: list[KernelStat] = field(default_factory=list)
-    #: Loops the profiled run had (0 without ``--kernels``).
+    #: Loops the profiled runs had (0 without ``--kernels``).
     kernel_loops: int = 0
     #: :attr:`kernel_time` over the host wall time of the same loops: how busy the GPU was.
     busy_fraction: float | None = None
@@ -142,7 +139,8 @@ class CudaTimeResult:
     verdict: str = ""
     #: ``--validate``: events time over CUPTI kernel time for the same loops.
     cupti_ratio: float | None = None
-    #: ``--validate``: the CUDA-event seconds per loop of those loops.
+    #: ``--kernels``/``--validate``/``--timer cupti``: the CUDA-event seconds per loop
+    #: of the profiled loops (:attr:`gap_time` is its excess over :attr:`kernel_time`).
     cupti_events_time: float | None = None
     #: ``--sync-check``: host synchronizations per loop; ``None`` without it.
     syncs_per_loop: float | None = None
@@ -183,6 +181,37 @@ class CudaTimeResult:
     notes: list[str] = field(default_factory=list)
     #: Significant digits shown (``-p``).
     precision: int = 3
+    #: What the headline is: ``"events"`` (CUDA events on the GPU, ``time.perf_counter``
+    #: on the host) or ``"cupti"`` (``--timer cupti``: :attr:`all_runs` are profiled runs
+    #: timed by CUPTI's summed kernel time).
+    timer: str = "events"
+    #: ``--timer cupti``: the per-loop time of each run on CUDA events, measured without
+    #: the profiler, shown beside the headline.
+    event_timings: list[float] = field(default_factory=list)
+    #: The SM clock in MHz read right after each run of :attr:`all_runs` (``None``: not
+    #: read); empty where NVML is unavailable and on the host.
+    run_clocks_mhz: list[int | None] = field(default_factory=list)
+    #: The SM clock when nothing holds the GPU back (NVML's default applications clock,
+    #: else its maximum), in MHz; ``None`` when unknown.
+    default_clock_mhz: int | None = None
+    #: NVML's reasons for the clock after the runs (``power cap``, ``hardware thermal
+    #: slowdown``, ``sync boost``, ``clocks set by the user``...), most telling first.
+    throttle_reasons: list[str] = field(default_factory=list)
+    #: Runs after which NVML gave a power, thermal or sync reason for the clock.
+    throttled_runs: int = 0
+    #: Runs set apart because their SM clock was far off the median clock:
+    #: ``(seconds per loop, MHz)`` each (``--clock-outliers``).
+    clock_outliers: list[tuple[float, int]] = field(default_factory=list)
+    #: Whether :attr:`clock_outliers` were left out of the numbers
+    #: (``--clock-outliers drop``).
+    clock_outliers_dropped: bool = False
+    #: ``--cold``: seconds per loop of warm single calls of the same body (no flush),
+    #: for the L2 check.
+    cold_warm_time: float | None = None
+    #: ``--cold``: bytes overwritten before each call.
+    flush_bytes: int | None = None
+    #: The timed GPU's L2 cache size in bytes, where known.
+    l2_bytes: int | None = None
 
     # -- IPython TimeitResult compatibility ------------------------------------------
     @property
@@ -283,6 +312,46 @@ class CudaTimeResult:
         line = self.roofline
         return line.intensity if line is not None else None
 
+    # -- the checks -------------------------------------------------------------------
+    @property
+    def clocks_mhz(self) -> tuple[int, int, int] | None:
+        """``(min, median, max)`` SM clock of the runs in MHz; ``None`` when unknown."""
+        return checks.clock_range(self.run_clocks_mhz)
+
+    @property
+    def at_default_clock(self) -> float | None:
+        """The share of the runs at the default clock (:attr:`default_clock_mhz`)."""
+        return checks.at_default_share(self.run_clocks_mhz, self.default_clock_mhz)
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the GPU was held back: NVML gave a power, thermal or sync reason, or
+        the median clock was well under the default. ``False`` when the clocks are
+        unknown."""
+        return checks.throttled(self.run_clocks_mhz, self.default_clock_mhz, self.throttled_runs)
+
+    @property
+    def gap_time(self) -> float | None:
+        """CUDA events minus CUPTI kernel time per loop of the profiled loops (launch and
+        inter-kernel gaps); ``None`` without kernel figures."""
+        if self.cupti_events_time is None or self.kernel_time is None:
+            return None
+        return self.cupti_events_time - self.kernel_time
+
+    @property
+    def events_time(self) -> float | None:
+        """Median CUDA-event time per loop: the headline, or beside it under ``--timer
+        cupti``; ``None`` on the host."""
+        if self.timer == "cupti":
+            return quantile(self.event_timings, 0.5) if self.event_timings else None
+        return self.gpu_time
+
+    @property
+    def cold_warm_ratio(self) -> float | None:
+        """``--cold``: the median over warm single calls of the same body."""
+        warm = self.cold_warm_time
+        return self.median / warm if warm and warm > 0 else None
+
     # -- renderings -----------------------------------------------------------------
     def __str__(self) -> str:
         what = "GPU time" if self.clock == "gpu" else "host time"
@@ -321,10 +390,22 @@ class CudaTimeResult:
         mode["cold graph"] = ", CUDA graph replays, L2 flushed before each loop"
         if self.clock == "gpu":
             out.append(("GPU time", f"{self._t(self.median)} per loop", f"{runs} · {spread}"))
-            detail = "CUDA events" + mode.get(self.mode, "")
+            clock = "CUPTI kernel time of profiled runs" if self.timer == "cupti" else "CUDA events"
+            detail = clock + mode.get(self.mode, "")
             if self.side_streams:
                 detail += "; includes work on other streams (device-wide completion)"
             out.append(("", "", detail))
+            events = self.events_time
+            if self.timer == "cupti" and events is not None:
+                n = len(self.event_timings)
+                out.append(
+                    (
+                        "events",
+                        f"{self._t(events)} per loop",
+                        f"CUDA events, median of {n} run{'s' if n != 1 else ''} without the "
+                        f"profiler · {events / self.median:.3f}{TIMES} CUPTI",
+                    )
+                )
             out.append(
                 (
                     "host wall",
@@ -346,6 +427,15 @@ class CudaTimeResult:
             if self.busy_fraction is not None:
                 detail += f" · GPU busy {_percent(self.busy_fraction)} of wall time"
             out.append(("kernels", f"{self._t(self.kernel_time)} per loop", detail))
+        gaps = checks.gap_row(
+            self.cupti_events_time,
+            self.kernel_time,
+            self.kernel_span,
+            self.kernel_loops,
+            self.precision,
+        )
+        if gaps is not None:
+            out.append(gaps)
         if self.cupti_ratio is not None:
             out.append(
                 (
@@ -355,6 +445,12 @@ class CudaTimeResult:
                     f"{self._t(self.kernel_time)} per loop, same {self.kernel_loops:,} loops",
                 )
             )
+        if self.mode.startswith("cold"):
+            cold = checks.cold_row(
+                self.median, self.cold_warm_time, self.flush_bytes, self.l2_bytes, self.precision
+            )
+            if cold is not None:
+                out.append(cold)
         if self.verdict:
             out.append(("verdict", self.verdict, ""))
         if self.syncs_per_loop is not None:
@@ -481,118 +577,12 @@ class CudaTimeResult:
             "tflops",
             "gbps",
             "intensity",
+            "clocks_mhz",
+            "at_default_clock",
+            "throttled",
+            "gap_time",
+            "events_time",
+            "cold_warm_ratio",
         ):
             data[name] = getattr(self, name)
         return data
-
-
-@dataclass(frozen=True)
-class ComparisonRow:
-    """One result in a :class:`Comparison`."""
-
-    #: The result's ``labels=`` entry, else its label, else ``#i``.
-    label: str
-    #: Median seconds per loop.
-    median: float
-    #: First quartile, seconds per loop.
-    q1: float
-    #: Third quartile, seconds per loop.
-    q3: float
-    #: ``"gpu"`` or ``"host"``.
-    clock: str
-    #: The baseline's median over this one's (above 1: faster).
-    speedup: float
-    #: ``"baseline"``, ``"SAME"``, ``"FASTER"`` or ``"SLOWER"`` (with `` (other clock)``
-    #: when the clocks differ).
-    status: str
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Results side by side: the first is the baseline; the others are SAME, FASTER or
-    SLOWER depending on whether their interquartile ranges overlap the baseline's."""
-
-    #: One row per result, the baseline first.
-    rows: list[ComparisonRow]
-    #: Significant digits shown.
-    precision: int = 3
-
-    def _cells(self) -> list[list[str]]:
-        header = ["", "median per loop", "IQR", "speedup", "vs baseline"]
-        body = [
-            [
-                r.label,
-                f"{format_time(r.median, self.precision)} ({r.clock})",
-                f"{format_time(r.q1, self.precision)} {DASH} {format_time(r.q3, self.precision)}",
-                f"{r.speedup:.2f}{TIMES}",
-                r.status,
-            ]
-            for r in self.rows
-        ]
-        return [header, *body]
-
-    def __str__(self) -> str:
-        cells = self._cells()
-        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-        return "\n".join(line.rstrip() for line in lines)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text("Comparison(...)" if cycle else str(self))
-
-    def _repr_html_(self) -> str:
-        e = html.escape
-        cell = "padding:1px 12px 1px 0;text-align:left;border:none"
-        header, *body = self._cells()
-        head = "".join(f'<th style="{cell}">{e(c)}</th>' for c in header)
-        rows = "".join(
-            "<tr>"
-            + "".join(
-                f'<td style="{cell}">{"<b>" + e(c) + "</b>" if i in (0, 4) else e(c)}</td>'
-                for i, c in enumerate(row)
-            )
-            + "</tr>"
-            for row in body
-        )
-        return (
-            '<table class="gpumagic-compare" style="border-collapse:collapse">'
-            f"<tr>{head}</tr>{rows}</table>"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rows": [asdict(r) for r in self.rows]}
-
-
-def compare(*results: CudaTimeResult, labels: Sequence[str] | None = None) -> Comparison:
-    """Show ``%cudatime -o`` results side by side, the first one as the baseline.
-
-    Each row gets its median, interquartile range, speedup against the baseline and a
-    status: SAME when the interquartile ranges overlap, else FASTER or SLOWER.
-    """
-    if not results:
-        raise ValueError("compare() needs at least one CudaTimeResult (from %cudatime -o)")
-    for r in results:
-        if not isinstance(r, CudaTimeResult):
-            raise TypeError(
-                "compare() takes CudaTimeResult objects (from %cudatime -o), "
-                f"not {type(r).__name__}"
-            )
-    if labels is not None and len(labels) != len(results):
-        raise ValueError(f"{len(labels)} labels for {len(results)} results")
-    names = (
-        list(labels) if labels is not None else [r.label or f"#{i}" for i, r in enumerate(results)]
-    )
-    base = results[0]
-    rows = []
-    for i, (name, r) in enumerate(zip(names, results, strict=True)):
-        if i == 0:
-            status = "baseline"
-        elif r.q3 >= base.q1 and r.q1 <= base.q3:
-            status = "SAME"
-        else:
-            status = "FASTER" if r.median < base.median else "SLOWER"
-        if r.clock != base.clock and i > 0:
-            status += " (other clock)"
-        speedup = base.median / r.median if r.median > 0 else math.inf
-        rows.append(ComparisonRow(name, r.median, r.q1, r.q3, r.clock, speedup, status))
-    return Comparison(rows, precision=base.precision)

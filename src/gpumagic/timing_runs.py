@@ -1,6 +1,7 @@
 """The runs behind a ``%cudatime`` measurement: the first call, warm-up, runs of
 back-to-back calls between CUDA events (or host clock reads), CUDA graph replays,
-cold-L2 single calls, and the optional ``--kernels`` / ``--sync-check`` passes.
+cold-L2 single calls (with their L2 check); the SM clock after each run and the passes
+after the runs are :class:`~gpumagic.timing_passes.Passes`'.
 
 Called by :func:`gpumagic.timing.time_cuda`, which decides the verdict; the rules for
 sizing, stopping and warnings are :mod:`gpumagic.timing_plan`'s. CUDA only through
@@ -12,22 +13,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
-import linecache
 import math
-import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumagic import cuda
+from gpumagic import timing_checks as checks
 from gpumagic.gc_pause import paused_gc
-from gpumagic.stacks import FrameFilter
-from gpumagic.timing_counts import count_work, set_peaks
+from gpumagic.timing_counts import set_peaks
+from gpumagic.timing_passes import Passes, Report, Setup
 from gpumagic.timing_plan import (
     FEWEST_RUNS,
     MIN_RUNS,
     Body,
     Run,
-    TimingOptions,
     block_target,
     enough_runs,
     loops_for,
@@ -35,13 +33,13 @@ from gpumagic.timing_plan import (
     unroll_for,
     warnings_for,
 )
-from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite
+from gpumagic.timing_result import CudaTimeResult
 from gpumagic.units import format_time, quantile
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["Measured", "Setup", "Timer"]
+__all__ = ["Measured", "Timer"]
 
 # A spin kernel ahead of each run's start events, long enough that the host has
 # launched the body (and recorded the end events) before the GPU reaches it. 30 µs was
@@ -51,23 +49,8 @@ SPIN_US = 100.0
 WARMUP_SHARE = 0.25  # of the budget, at most, for warm-up
 STEADY = 0.10  # two warm-up batches this close count as steady
 MAX_RESIZES = 3  # times the runs may be resized when a run is far from the target length
-PROFILE_TARGET = 0.1  # seconds of body time under the profiler
-PROFILE_MAX_LOOPS = 1000
-SYNC_CHECK_LOOPS = 10
 COLD_PASS_LOOPS = 20  # single cold calls profiled / sync-checked
-SYNC_CHECK_TARGET = 0.5
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What one measurement is given, fixed for its whole length."""
-
-    body: Body
-    options: TimingOptions
-    label: str
-    code_files: tuple[str, ...]
-    compile_time: float
-    clock: Callable[[], float]
+COLD_CHECK_RUNS = 9  # warm single calls beside the cold ones, for --cold's L2 check
 
 
 class Measured(NamedTuple):
@@ -79,18 +62,7 @@ class Measured(NamedTuple):
     gpu_work: bool = True
 
 
-@dataclass
-class _Report:
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
-
-    def interrupt(self, where: str) -> None:
-        self.interrupted = True
-        self.warnings.append(f"interrupted (Ctrl-C) {where}: these are the results so far")
-
-
-class Timer:
+class Timer(Passes):
     """One measurement's moving parts. Set once: the :class:`Setup`; the devices and
     their calibration (:meth:`_gpu`, :meth:`_calibrate`). Grown as it runs: the report
     and the body's own exception (told apart from ours)."""
@@ -99,7 +71,7 @@ class Timer:
         self.setup = setup
         self.options = setup.options
         self.clock = setup.clock
-        self.report = _Report()
+        self.report = Report()
         self.body_error: BaseException | None = None
         self.runner: Body = self.call  # the body, or replays of its CUDA graph
         self.devices: list[int] = []
@@ -214,6 +186,7 @@ class Timer:
             if graph is not None:
                 self.runner, unroll = graph
                 mode = "graph"
+        self.read_clocks = True
         if options.cold:
             buffer = self._flush_buffer()
             if buffer is not None:
@@ -222,7 +195,8 @@ class Timer:
         loops = self._loops(measure, unroll, per_loop if mode == "eager" else None)
         runs = self._runs(measure, loops, primary="gpu", unroll=unroll)
         result = self._result(runs, clock="gpu", mode=mode, first_call=first_call)
-        self._extra_passes(result, measure, loops, unroll)
+        profiled = self._extra_passes(result, measure, loops, unroll)
+        self._apply_clocks(result, runs if profiled is None else profiled)
         return Measured(result, runs)
 
     def _calibrate(self) -> None:
@@ -320,7 +294,7 @@ class Timer:
         kept_since = self.clock()  # the start of the runs kept (after the last resize)
         try:
             while True:
-                run = measure(loops)
+                run = self._clocked(measure(loops))
                 # A resize starts the runs over: only while the fewest runs still fit.
                 room = self.clock() + FEWEST_RUNS * target <= deadline
                 if resizes < MAX_RESIZES and room and self._off_target(run, target, unroll):
@@ -414,10 +388,15 @@ class Timer:
         mode = "cold graph" if mode == "graph" else "cold"
         runs = self._runs(measure, 1, primary="gpu", fixed=True)
         result = self._result(runs, clock="gpu", mode=mode, first_call=first_call)
+        result.flush_bytes = buffer.numel() * buffer.element_size()
         self.report.notes.append(
-            f"--cold: {buffer.numel() * buffer.element_size() >> 20} MiB overwritten before "
+            f"--cold: {result.flush_bytes >> 20} MiB overwritten before "
             "each call, outside the timed interval; each run is a single call."
         )
+        try:
+            self._cold_check(result)
+        except KeyboardInterrupt:
+            self.report.interrupt("during --cold's L2 check")
 
         def profiled_measure(n: int) -> Run:
             total = Run(0, 0.0, 0.0, 0.0)
@@ -426,8 +405,19 @@ class Timer:
                 total = Run(total.loops + 1, total.gpu + r.gpu, 0.0, 0.0)
             return total
 
-        self._extra_passes(result, profiled_measure, COLD_PASS_LOOPS, 1, flushes=True)
+        profiled = self._extra_passes(result, profiled_measure, COLD_PASS_LOOPS, 1, flushes=True)
+        self._apply_clocks(result, runs if profiled is None else profiled)
         return Measured(result, runs)
+
+    def _cold_check(self, result: CudaTimeResult) -> None:
+        """Evidence that the flush worked: warm single calls of the same body, timed as
+        the cold ones are but without the flush (the first, after a flush, left out)."""
+        self._block(1)
+        warm = [self._block(1).gpu for _ in range(COLD_CHECK_RUNS)]
+        result.cold_warm_time = quantile(warm, 0.5)
+        warning = checks.cold_warning(result.median, result.cold_warm_time)
+        if warning:
+            self.report.warnings.append(warning)
 
     def _cold_profiled_call(self, buffer: Any) -> Run:
         cuda.flush_l2(buffer)  # no spin: CUPTI would count its kernel as the body's
@@ -436,120 +426,6 @@ class Timer:
         end = cuda.record_event(self.device)
         cuda.synchronize(self.devices)
         return Run(1, cuda.elapsed_ms(start, end) / 1e3, 0.0, 0.0)
-
-    # -- optional passes ------------------------------------------------------------------
-    def _extra_passes(
-        self,
-        result: CudaTimeResult,
-        measure: Callable[[int], Run],
-        loops: int,
-        unroll: int,
-        flushes: bool = False,
-    ) -> None:
-        options = self.options
-        try:
-            if options.kernels or options.validate:
-                self._kernel_pass(result, measure, loops, unroll, flushes)
-            if options.sync_check:
-                self._sync_pass(result, loops)
-            self._count(result)
-        except KeyboardInterrupt:
-            self.report.interrupt("during the optional passes")
-        result.interrupted = self.report.interrupted
-
-    def _kernel_pass(
-        self,
-        result: CudaTimeResult,
-        measure: Callable[[int], Run],
-        loops: int,
-        unroll: int,
-        flushes: bool,
-    ) -> None:
-        per_loop = max(result.host_time, result.median)
-        count = int(min(loops, PROFILE_MAX_LOOPS, max(1, PROFILE_TARGET / max(per_loop, 1e-9))))
-        count = max(unroll, count - count % unroll)
-        box: dict[str, Run] = {}
-
-        def work() -> None:
-            if flushes:
-                box["run"] = measure(count)
-            else:
-                box["run"] = self._block(count, spin=False)
-
-        try:
-            profile = cuda.profile_kernels(
-                lambda: measure(unroll), work, self.devices, flushes=count if flushes else 0
-            )
-        except Exception as exc:
-            if exc is self.body_error:
-                raise
-            self.report.warnings.append(f"--kernels: torch.profiler failed ({exc!r})")
-            return
-        if flushes and profile.flushes_removed != count:
-            self.report.warnings.append(
-                f"--cold: {profile.flushes_removed} of {count} L2 flushes could be told apart "
-                "in the CUPTI record; the kernel figures may include the rest"
-            )
-        if profile.busy_us == 0 and result.mode != "eager":
-            # The graph was not empty when captured: CUPTI missed its kernels.
-            self.report.warnings.append(
-                "--kernels: CUPTI recorded no kernels for the CUDA graph replays; "
-                "run without --graph for kernel figures"
-            )
-            return
-        result.kernel_loops = count
-        result.kernel_time = profile.busy_us * 1e-6 / count
-        result.kernel_span = profile.span_us * 1e-6 / count if profile.span_us else None
-        result.kernels = [
-            KernelStat(name, calls / count, us * 1e-6 / count)
-            for name, calls, us in profile.kernels
-        ]
-        # Busy against the wall time of the same loops: both in the same clock state.
-        wall = box["run"].host / count if box["run"].host > 0 else result.host_time
-        if wall > 0:
-            result.busy_fraction = min(1.0, result.kernel_time / wall)
-        events = box["run"].gpu / count
-        if self.options.validate:
-            result.cupti_events_time = events
-            if result.kernel_time > 0:
-                result.cupti_ratio = events / result.kernel_time
-
-    def _count(self, result: CudaTimeResult) -> None:
-        """The counting pass: one more call, after every timed one (outside them all)."""
-        warnings, notes = count_work(lambda: self.call(1), result, self.options)
-        if warnings:
-            self.body_error = None  # reported here, not raised
-        if self.devices:
-            cuda.synchronize(self.devices)
-        set_peaks(result, self.dram_peak)
-        self.report.warnings.extend(warnings)
-        self.report.notes.extend(notes)
-
-    def _sync_pass(self, result: CudaTimeResult, loops: int) -> None:
-        per_loop = max(result.host_time, 1e-9)
-        count = max(1, min(loops, SYNC_CHECK_LOOPS, int(SYNC_CHECK_TARGET / per_loop)))
-        try:
-            events = cuda.catch_syncs(
-                lambda: self.call(count),
-                self.setup.code_files,
-                is_user=FrameFilter.default().is_user,
-            )
-        finally:
-            cuda.synchronize(self.devices)
-        sites: dict[tuple[str, str, int], int] = {}
-        for e in events:
-            key = (e.op, e.filename, e.lineno)
-            sites[key] = sites.get(key, 0) + 1
-        result.syncs_per_loop = len(events) / count
-        result.sync_sites = [
-            SyncSite(op, self._where(filename, lineno), _source(filename, lineno), n / count)
-            for (op, filename, lineno), n in sorted(sites.items(), key=lambda kv: -kv[1])
-        ]
-
-    def _where(self, filename: str, lineno: int) -> str:
-        if filename in self.setup.code_files:
-            return f"line {lineno}"
-        return f"{os.path.basename(filename)}:{lineno}"
 
     # -- the result ---------------------------------------------------------------------
     def _result(
@@ -587,13 +463,10 @@ class Timer:
             result.device_index = self.device
             result.device_name = peaks.name
             self.dram_peak = peaks.dram_bytes_per_s
+            result.l2_bytes = peaks.l2_bytes
             set_peaks(result, self.dram_peak)
         self.report.warnings.extend(warnings_for(result))
         result.warnings = self.report.warnings
         result.notes = self.report.notes
         result.interrupted = self.report.interrupted
         return result
-
-
-def _source(filename: str, lineno: int) -> str:
-    return linecache.getline(filename, lineno).strip()

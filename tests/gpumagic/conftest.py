@@ -1,12 +1,13 @@
 """A fresh, real IPython shell per test, with gpumagic loaded; the same shell with the
 fake GPU of :mod:`fake_cuda` (``gpu``), or on a real GPU with torch in use
-(``gpu_shell``)."""
+(``gpu_shell``); the timing engine's stand-in seam of :mod:`fake_timing` (``seam``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import pytest
+from fake_timing import FakeSeam
 
 from fake_cuda import FakeAllocator, MiB
 
@@ -49,3 +50,9 @@ def gpu_shell(shell: InteractiveShell) -> Iterator[InteractiveShell]:
     assert result.success, result.error_in_exec
     yield shell
     shell.user_ns.clear()
+
+
+@pytest.fixture
+def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
+    """:class:`fake_timing.FakeSeam` in place of ``gpumagic.cuda`` in the timing engine."""
+    return FakeSeam().install(monkeypatch)

@@ -7,32 +7,21 @@ it; the real GPU runs of the same branches are in ``test_timing_gpu.py``.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from fake_clock import FakeClock
+from fake_timing import FakeSeam, counting, sleeper
 
-from gpumagic import cuda, cuda_errors, timing, timing_plan, timing_runs
+from gpumagic import cuda, cuda_errors, timing, timing_plan
 from gpumagic.cuda import runtime
-from gpumagic.devices import CudaStatus, DeviceInfo
 from gpumagic.timing import TimingOptions, time_cuda
 from gpumagic.timing_result import CudaTimeResult
 from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-
-def sleeper(seconds: float) -> Callable[[], None]:
-    def body() -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
-    return body
+    from collections.abc import Callable
 
 
 # -- options and parsing ----------------------------------------------------------------
@@ -224,149 +213,6 @@ def test_ctrl_c_before_anything_was_measured_propagates() -> None:
 
 
 # -- the GPU branches, against a stand-in seam -------------------------------------------
-@dataclass
-class FakeEvent:
-    t: float
-
-
-@dataclass
-class FakeBuffer:
-    def numel(self) -> int:
-        return 32 << 20
-
-    def element_size(self) -> int:
-        return 4
-
-
-@dataclass
-class FakeSeam:
-    """The functions of ``gpumagic.cuda`` the engine uses, with host-clock events."""
-
-    initialized: bool = True
-    side_delay: float = 0.0
-    pending: float = 0.0
-    capture_error: str | None = None
-    busy_us: float = 100.0
-    syncs_per_call: int = 0
-    code_files: tuple[str, ...] = ()
-    log: list[str] = field(default_factory=list)
-
-    GraphCaptureError = cuda.GraphCaptureError
-
-    def status(self) -> CudaStatus:
-        device = DeviceInfo(0, "Fake GPU", 80 << 30, (9, 0))
-        return CudaStatus(True, "", devices=(device,), torch_version="2.x", cuda_version="13.0")
-
-    def is_initialized(self) -> bool:
-        return self.initialized
-
-    def devices_with_context(self) -> tuple[int, ...]:
-        return (0,)
-
-    def current_device(self) -> int:
-        return 0
-
-    def use_device(self, index: int) -> contextlib.AbstractContextManager[None]:
-        self.log.append(f"device {index}")
-        return contextlib.nullcontext()
-
-    def synchronize(self, devices: Iterable[int] | None = None) -> None:
-        # Work left on another stream: the device sync waits for it, after the current
-        # stream's end event has passed.
-        if self.pending:
-            self.wait(self.pending)
-            self.pending = 0.0
-        self.log.append("sync")
-
-    def event_completed(self, event: FakeEvent) -> bool:
-        return True
-
-    def spin(self, device: int, microseconds: float) -> None:
-        self.log.append("spin")
-
-    def side_work(self, seconds: float) -> None:
-        self.pending = seconds
-
-    def record_event(self, device: int | None = None) -> FakeEvent:
-        if self.fixed_span:  # a steady GPU: every interval is the same
-            slow = self.slow_after and self.calls > self.slow_after
-            self.ticks += self.fixed_span * (1.2 if slow else 1.0)
-            return FakeEvent(self.ticks)
-        self.log.append("record")
-        return FakeEvent(self.clock())
-
-    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
-        return (end.t - start.t) * 1e3
-
-    def current_streams(self, devices: Iterable[int]) -> list[str]:
-        return ["stream"]
-
-    def restore_streams(self, streams: Iterable[Any]) -> None:
-        self.log.append("restore streams")
-
-    def device_peaks(self, device: int) -> cuda.DevicePeaks:
-        return cuda.DevicePeaks("Fake GPU", 3.35e12)
-
-    def l2_flush_buffer(self, device: int) -> FakeBuffer:
-        return FakeBuffer()
-
-    def flush_l2(self, buffer: FakeBuffer) -> None:
-        self.log.append("flush")
-
-    def capture_graph(self, run: Callable[[int], object], unroll: int, device: int) -> Any:
-        if self.capture_error:
-            raise cuda.GraphCaptureError(self.capture_error)
-        run(unroll)
-        self.log.append(f"captured {unroll}")
-        return lambda: run(unroll)
-
-    def profile_kernels(
-        self, warm: Callable[[], object], run: Callable[[], object], devices: Any, flushes: int = 0
-    ) -> cuda.KernelProfile:
-        warm()
-        self.log.append("profile")
-        self.log_len_before = len(self.log)
-        run()
-        removed = flushes
-        return cuda.KernelProfile(self.busy_us, None, (("kernel", 1, self.busy_us),), removed)
-
-    def catch_syncs(
-        self, run: Callable[[], object], code_files: Iterable[str], *, is_user: Any
-    ) -> list[Any]:
-        self.log.append("sync check")
-        calls_before = self.calls
-        run()
-        files = list(code_files) or ["<f>"]
-        n = (self.calls - calls_before) * self.syncs_per_call
-        return [cuda.SyncEvent("Tensor.item", files[0], 3)] * n
-
-    clock: Callable[[], float] = time.perf_counter  # what events and waits go by
-    wait: Callable[[float], None] = time.sleep
-    calls: int = 0
-    fixed_span: float = 0.0
-    slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
-    ticks: float = 0.0
-
-
-@pytest.fixture
-def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
-    fake = FakeSeam()
-    for module in (timing, timing_runs):  # the entry point and the runs
-        monkeypatch.setattr(module, "cuda", fake)
-    return fake
-
-
-def counting(seam: FakeSeam, seconds: float) -> Callable[[int], None]:
-    body = sleeper(seconds)
-
-    def run(n: int) -> None:
-        for _ in range(n):
-            seam.calls += 1
-            body()
-
-    return run
-
-
 def test_gpu_runs_use_events_spin_and_synchronize(seam: FakeSeam) -> None:
     result = time_cuda(counting(seam, 300e-6), TimingOptions(budget=0.3), label="x")
     assert result.clock == "gpu"
@@ -491,7 +337,9 @@ def test_kernels_pass_gives_busy_fraction_and_verdict(seam: FakeSeam) -> None:
 def test_validate_reports_events_over_cupti(seam: FakeSeam) -> None:
     seam.fixed_span = 2e-3  # every event interval, so every run, takes 2 ms
 
-    def profile(warm: Any, run: Any, devices: Any, flushes: int = 0) -> cuda.KernelProfile:
+    def profile(
+        warm: Any, run: Any, devices: Any, flushes: int = 0, steps: int = 1
+    ) -> cuda.KernelProfile:
         warm()
         run()
         busy = 0.99 * seam.fixed_span * 1e6  # CUPTI sees 99 % of the run's span as kernels

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite, compare
+from gpumagic.timing_compare import compare
+from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite
 from gpumagic.units import format_time, quantile
 
 

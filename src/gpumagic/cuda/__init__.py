@@ -6,6 +6,8 @@ touched and tests can swap it in one place:
 
 * :mod:`~gpumagic.cuda.discovery`: status, devices, NVML and ``CUDA_VISIBLE_DEVICES``;
   never a context, never torch;
+* :mod:`~gpumagic.cuda.clocks`: the SM clock and NVML's reasons for it (power cap,
+  thermal slowdown...), read around each ``%cudatime`` run; never a context, never torch;
 * :mod:`~gpumagic.cuda.runtime`: synchronize, events, streams, spin, L2 flush, graphs,
   device properties;
 * :mod:`~gpumagic.cuda.allocator`: the caching allocator's counters, history, snapshots
@@ -54,6 +56,7 @@ from gpumagic.cuda.allocator import (
     start_memory_history,
     stop_memory_history,
 )
+from gpumagic.cuda.clocks import SmClock, sm_clock
 from gpumagic.cuda.debug import (
     SYNC_WARNING_MESSAGE,
     AsyncCudaError,
@@ -136,6 +139,7 @@ __all__ = [
     "KernelProfile",
     "NvmlMemory",
     "OpCounts",
+    "SmClock",
     "SyncEvent",
     "TensorFacts",
     "allocation_marks",
@@ -186,6 +190,7 @@ __all__ = [
     "reset_status_cache",
     "restore_streams",
     "set_sync_debug_mode",
+    "sm_clock",
     "spin",
     "start_memory_history",
     "start_torch",

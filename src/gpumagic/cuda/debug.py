@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
 __all__ = [
+    "RUN_LABEL",
     "SYNC_WARNING_MESSAGE",
     "AsyncCudaError",
     "ImplicitSyncError",
@@ -62,25 +63,38 @@ class KernelProfile:
     span_us: float | None
     kernels: tuple[tuple[str, int, float], ...]
     flushes_removed: int
+    #: With ``steps`` > 1: the busy time of each run, in order; empty when the record
+    #: could not be split into runs (every run must have some, and they must add up).
+    runs_us: tuple[float, ...] = ()
+
+
+#: ``record_function`` label of each profiled run when there are several (numbered).
+RUN_LABEL = "gpumagic.run"
 
 
 def profile_kernels(
-    warm: Callable[[], object], run: Callable[[], object], devices: Iterable[int], flushes: int = 0
+    warm: Callable[[], object],
+    run: Callable[[], object],
+    devices: Iterable[int],
+    flushes: int = 0,
+    steps: int = 1,
 ) -> KernelProfile:
     """Kernel, copy and memset time of ``run()`` from CUPTI (torch.profiler).
 
     ``warm()`` runs during the profiler's warm-up step, whose records are dropped (a fresh
     profiler session can lose the first activities). With ``flushes`` > 0, kernels launched
-    inside :func:`flush_l2` are taken out of the figures.
+    inside :func:`flush_l2` are taken out of the figures. With ``steps`` > 1, ``run()`` is
+    called that many times (each must wait for its own GPU work before it returns), each
+    under a label of its own, and :attr:`KernelProfile.runs_us` splits the busy time by run.
     """
     import warnings
 
     torch = torch_module()
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     devices = list(devices)
     activities = [ProfilerActivity.CUDA]
-    if flushes:
+    if flushes or steps > 1:
         activities.append(ProfilerActivity.CPU)
 
     def record() -> Any:
@@ -90,7 +104,12 @@ def profile_kernels(
             warm()
             synchronize(devices)
             prof.step()
-            run()
+            if steps > 1:
+                for i in range(steps):
+                    with record_function(f"{RUN_LABEL}{i}"):
+                        run()
+            else:
+                run()
             synchronize(devices)
             prof.step()
         return prof
@@ -100,11 +119,21 @@ def profile_kernels(
         # concern us.
         warnings.filterwarnings("ignore", message=".*Profiler clears events")
         prof = record()
-    return _kernel_profile(prof.events(), torch.autograd.DeviceType, flushes)
+    return _kernel_profile(prof.events(), torch.autograd.DeviceType, flushes, steps)
 
 
-def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfile:
-    annotations = {FLUSH_LABEL} | {
+def _run_of(start: float, starts: list[float]) -> int:
+    """The run whose label began last at or before ``start`` (-1: before them all)."""
+    found = -1
+    for i, s in enumerate(starts):
+        if s <= start:
+            found = i
+    return found
+
+
+def _kernel_profile(events: Any, device_type: Any, flushes: int, steps: int = 1) -> KernelProfile:
+    labels = {f"{RUN_LABEL}{i}": i for i in range(steps)} if steps > 1 else {}
+    annotations = {FLUSH_LABEL, *labels} | {
         e.name
         for e in events
         if e.device_type == device_type.CPU and getattr(e, "is_user_annotation", False)
@@ -117,11 +146,22 @@ def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfil
         and e.name not in annotations
         and not e.name.startswith("ProfilerStep")
     ]
+    # Each run's label on the host: its kernels start after it began (they are launched
+    # inside it) and end before the next one begins (each run waits for its own work).
+    starts = [0.0] * len(labels)
+    for e in events:
+        if e.device_type == device_type.CPU and e.name in labels:
+            starts[labels[e.name]] = e.time_range.start
+    per_run = [0.0] * len(labels)
     totals: dict[str, list[float]] = {}
     for e in on_device:
         entry = totals.setdefault(e.name, [0, 0.0])
         entry[0] += 1
         entry[1] += e.time_range.end - e.time_range.start
+        if labels:
+            i = _run_of(e.time_range.start, starts)
+            if i >= 0:
+                per_run[i] += e.time_range.end - e.time_range.start
     removed = 0
     if flushes:
         ranges = [
@@ -140,6 +180,10 @@ def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfil
                     found[0] -= 1
                     found[1] -= kernel.duration
                     removed += 1
+                    if labels:
+                        i = _run_of(e.time_range.start, starts)
+                        if i >= 0:
+                            per_run[i] -= kernel.duration
     kernels = tuple(
         sorted(
             ((name, int(c), float(us)) for name, (c, us) in totals.items() if c > 0),
@@ -149,8 +193,12 @@ def _kernel_profile(events: Any, device_type: Any, flushes: int) -> KernelProfil
     span = None
     if on_device and not flushes:
         span = max(e.time_range.end for e in on_device) - min(e.time_range.start for e in on_device)
+    busy = sum(k[2] for k in kernels)
+    runs: tuple[float, ...] = ()
+    if labels and all(r > 0 for r in per_run) and abs(sum(per_run) - busy) <= 1e-3 * busy:
+        runs = tuple(float(r) for r in per_run)
     return KernelProfile(
-        busy_us=sum(k[2] for k in kernels), span_us=span, kernels=kernels, flushes_removed=removed
+        busy_us=busy, span_us=span, kernels=kernels, flushes_removed=removed, runs_us=runs
     )
 
 

@@ -128,10 +128,12 @@ FLUSH_LABEL = "gpumagic.l2_flush"
 
 @dataclass(frozen=True)
 class DevicePeaks:
-    """What the hardware says about one device: its name and DRAM bandwidth peak."""
+    """What the hardware says about one device: its name, DRAM bandwidth peak and L2
+    cache size."""
 
     name: str
     dram_bytes_per_s: float | None
+    l2_bytes: int | None = None
 
 
 def current_device() -> int:
@@ -189,7 +191,8 @@ def device_peaks(device: int) -> DevicePeaks:
     dram = clock_khz * 1e3 * bus_bits * 2 / 8 if clock_khz and bus_bits else None
     if dram is None:
         dram = _nvml_dram_peak(device)
-    return DevicePeaks(name=name, dram_bytes_per_s=dram)
+    l2 = int(getattr(props, "L2_cache_size", 0)) or None
+    return DevicePeaks(name=name, dram_bytes_per_s=dram, l2_bytes=l2)
 
 
 def _nvml_dram_peak(device: int) -> float | None:

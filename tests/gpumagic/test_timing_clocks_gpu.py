@@ -1,0 +1,170 @@
+"""The GPU's clock, ``--timer cupti``, gaps and ``--cold``'s L2 check on a real GPU
+(issue 28; run by ``scripts/gpu-check.sh``, skipped without CUDA).
+
+References come from the GPU itself: a spin kernel (which draws little power, so it
+runs at the default clock), CUPTI through torch.profiler, and a body that fits in L2
+against one that does not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gpumagic import cuda
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumagic.timing_result import CudaTimeResult
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    import torch
+
+    torch.cuda.init()
+    return torch
+
+
+@pytest.fixture(scope="module")
+def cycles_per_ms(torch: Any) -> float:
+    torch.cuda._sleep(100_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rates = []
+    for _ in range(3):
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(10_000_000 / start.elapsed_time(end))
+    return sorted(rates)[1]
+
+
+def cudatime(shell: InteractiveShell, line: str) -> CudaTimeResult:
+    result = shell.run_line_magic("cudatime", f"-q -o {line}")
+    assert result is not None
+    return result  # type: ignore[no-any-return]
+
+
+def test_nvml_reads_the_clock_without_a_context(torch: Any) -> None:
+    reading = cuda.sm_clock(0)
+    if reading is None:
+        pytest.skip("NVML cannot read the SM clock here")
+    assert reading.mhz > 100
+    assert reading.default_mhz is None or reading.default_mhz >= 500
+
+
+@pytest.mark.gpu_timing
+def test_a_spin_kernel_runs_at_its_clock_with_no_throttle_line(
+    shell: InteractiveShell, torch: Any, cycles_per_ms: float
+) -> None:
+    shell.user_ns.update(torch=torch, cycles=int(cycles_per_ms))
+    r = cudatime(shell, "torch.cuda._sleep(cycles)")
+    print(f"spin: clocks {r.clocks_mhz}, default {r.default_clock_mhz}, {r.throttle_reasons}")
+    if cuda.sm_clock(0) is None:
+        assert r.clocks_mhz is None
+        return
+    assert r.clocks_mhz is not None
+    assert len(r.run_clocks_mhz) == r.repeat
+    assert not r.throttled, r.text()
+    assert not any(w.startswith("the GPU ran at") for w in r.warnings), r.warnings
+    assert r.at_default_clock is None or r.at_default_clock >= 0.5
+
+
+@pytest.mark.gpu_timing
+def test_a_matmul_names_its_clock_range_and_reason_when_throttled(
+    shell: InteractiveShell, torch: Any
+) -> None:
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    shell.user_ns.update(torch=torch, a=a)
+    r = cudatime(shell, "--budget 2 torch.mm(a, a)")
+    print(
+        f"bf16 mm: {r.median * 1e6:.1f} µs, IQR {r.rel_iqr * 100:.1f} %, clocks {r.clocks_mhz}, "
+        f"default {r.default_clock_mhz}, reasons {r.throttle_reasons}, throttled runs "
+        f"{r.throttled_runs}/{r.repeat}"
+    )
+    if r.clocks_mhz is None:
+        pytest.skip("NVML cannot read the SM clock here")
+    line = [w for w in r.warnings if w.startswith("the GPU ran at")]
+    if r.throttled:
+        assert len(line) == 1, r.warnings
+        low, _, high = r.clocks_mhz
+        assert f"{low}" in line[0]
+        assert f"{high}" in line[0]
+        assert any(reason in line[0] for reason in r.throttle_reasons) or (
+            "NVML gave no reason" in line[0]
+        )
+        assert line[0].endswith("this time holds at that clock")
+    else:
+        assert not line
+
+
+@pytest.mark.gpu_timing
+def test_timer_cupti_is_the_same_runs_cupti_time(
+    shell: InteractiveShell, torch: Any, cycles_per_ms: float
+) -> None:
+    shell.user_ns.update(torch=torch, cycles=int(2 * cycles_per_ms))
+    r = cudatime(shell, "--timer cupti torch.cuda._sleep(cycles)")
+    print(f"spin --timer cupti: {r.text()}")
+    assert r.timer == "cupti", r.warnings
+    assert r.kernel_time is not None
+    # The headline is the profiled runs' CUPTI time: within 1 % of the same run's total.
+    assert r.median == pytest.approx(r.kernel_time, rel=0.01)
+    assert r.repeat >= 3
+    assert r.events_time is not None
+    assert r.events_time == pytest.approx(r.median, rel=0.01)  # a spin has no gaps
+    assert "CUPTI kernel time of profiled runs" in r.text()
+    assert "CUDA events, median of" in r.text()
+
+
+@pytest.mark.gpu_timing
+def test_timer_cupti_on_a_matmul_shows_the_events_and_their_gap(
+    shell: InteractiveShell, torch: Any
+) -> None:
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    shell.user_ns.update(torch=torch, a=a)
+    r = cudatime(shell, "--timer cupti torch.mm(a, a)")
+    print(f"bf16 mm --timer cupti: {r.text()}")
+    assert r.timer == "cupti", r.warnings
+    assert r.kernel_time is not None
+    assert r.median == pytest.approx(r.kernel_time, rel=0.01)
+    assert r.events_time is not None
+    assert 0.97 < r.events_time / r.median < 1.10
+    assert r.gap_time is not None
+    assert r.gap_time > -0.01 * r.median  # events cannot be much under the kernels
+    if r.gap_time > 0:
+        assert "gaps" in r.text()
+
+
+@pytest.mark.gpu_timing
+def test_cold_shows_the_l2_check_on_8mib_and_1gib_bodies(
+    shell: InteractiveShell, torch: Any
+) -> None:
+    small = torch.randn(2 << 20, device="cuda")  # 8 MiB in, 8 MiB out: fits in L2
+    small_out = torch.empty_like(small)
+    big = torch.randn(256 << 20, device="cuda")  # 1 GiB: far larger than L2
+    big_out = torch.empty_like(big)
+    shell.user_ns.update(torch=torch, s=small, so=small_out, b=big, bo=big_out)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    for name, line in (
+        ("8 MiB", "--cold torch.mul(s, 2, out=so)"),
+        ("1 GiB", "--cold torch.mul(b, 2, out=bo)"),
+    ):
+        r = cudatime(shell, line)
+        print(f"{name} --cold: {r.text()}")
+        assert r.mode == "cold", r.warnings
+        assert r.cold_warm_ratio is not None
+        assert r.flush_bytes is not None
+        assert r.flush_bytes >= 2 * l2
+        assert r.l2_bytes == l2
+        assert "L2 check" in r.text()
+        agree = any(w.startswith("--cold: cold and warm single calls agree") for w in r.warnings)
+        assert agree == (r.cold_warm_ratio < 1.03), r.warnings
+        if name == "8 MiB":
+            assert r.cold_warm_ratio > 1.05, r.text()  # the data came from DRAM
+        else:
+            assert r.cold_warm_ratio < 1.10, r.text()  # it never fit in L2
