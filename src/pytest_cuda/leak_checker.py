@@ -41,14 +41,8 @@ import pytest
 
 from gpumagic import cuda
 from pytest_cuda.leak_heap import TestHeap
-from pytest_cuda.leak_holders import LIBRARY
 from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
-from pytest_cuda.leak_rerun import (
-    ENV_OUT,
-    LIBRARY_STEP,
-    rerun_alone,
-    write_reports,
-)
+from pytest_cuda.leak_rerun import ENV_OUT, rerun_alone, write_reports
 from pytest_cuda.leak_stacks import StackRecording, attribute
 from pytest_cuda.leaks import (
     FULL_COLLECTION,
@@ -57,9 +51,9 @@ from pytest_cuda.leaks import (
     LeakResult,
     MemorySource,
     Mode,
-    Release,
     SettleStep,
     growth,
+    kept_by_library,
     parse_leak_settings,
     settle,
 )
@@ -68,7 +62,7 @@ if TYPE_CHECKING:
     from collections.abc import Generator, Sequence
     from types import TracebackType
 
-__all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check", "kept_by_library"]
+__all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check"]
 
 SECTION = "CUDA memory leak"
 #: The settle step that collects the whole heap, older objects included.
@@ -463,28 +457,6 @@ def checked_for_leaks(item: pytest.Item) -> tuple[int, Mode] | None:
     ``None`` when the test is not checked for leaks."""
     check = item.stash.get(_CHECK, None)
     return (check.tolerance, check.mode) if check is not None and check.leaks else None
-
-
-def kept_by_library(result: LeakResult) -> LeakResult:
-    """Growth that only libraries' caches hold (torch.compile's, a singleton's), as the
-    holder walk found (here, or in the re-run alone), is kept by design: not a leak.
-    It is listed with what the settle steps released, under the holder's path."""
-    holders = result.holders.holders if result.holders is not None else ()
-    # Every leaked block lies in a tensor a library cache holds (a block no tensor
-    # shows is a holder of its own kind), and those blocks make up the growth.
-    reached = result.holders.found if result.holders is not None else 0
-    if (
-        holders
-        and all(h.kind == LIBRARY for h in holders)
-        and reached + result.tolerance * len(result.leaked) >= sum(result.leaked.values())
-    ):
-        step = f"{LIBRARY_STEP}: {holders[0].path}"
-    elif result.rerun is not None and result.rerun.library:
-        step = f"{LIBRARY_STEP}: {result.rerun.library} (re-run alone)"
-    else:
-        return result
-    released = (*result.released, Release(step, dict(result.leaked)))
-    return replace(result, leaked={}, released=released)
 
 
 def _subject(item: pytest.Item) -> str:

@@ -1,19 +1,17 @@
 """Who holds leaked memory: from each leaked tensor up to a root a person recognises.
 
 Runs only for a test already judged leaking. The walk goes *up* the references
-(:func:`gc.get_referrers`, one scan of the heap per level for all tensors at once) from
-the leaked tensors until it meets a root: a module global (``mymod._cache['x']``), a
-class attribute (``Model.store[0]``), a ``functools.lru_cache`` (saying when its keys
-hold test instances), a closure cell, a pytest fixture's cached value, or a library's
-global (torch.compile, inductor, a singleton: "library cache", so a library's by-design
-cache is told from the user's leak). Tensors saved by an autograd graph have no Python
-object of their own; they are found from the graph's owner (``loss.grad_fn`` and the
-``_saved_*`` tensors below it). What no Python object reaches is said to be so.
+(:func:`gc.get_referrers`, one heap scan per level for all tensors at once) to a root: a
+module global (``mymod._cache['x']``), a class attribute, a ``functools.lru_cache``
+(saying when its keys hold test instances), a closure cell, a pytest fixture's value,
+or a library's global ("library cache": by design, not the user's leak). Tensors an
+autograd graph saved are found from the graph's owner (``loss.grad_fn._saved_*``).
+Objects :func:`gc.freeze` hid from the walk up are searched *down* from the modules.
+What no Python object reaches is said to be so.
 
 Pure Python over objects it is given: no torch import, no CUDA call (tensor facts come
 from a function passed in; which tensors own autograd graphs, from the seam's
-:func:`gpumagic.cuda.graph_owners`). Every failure to inspect an object is noted, never
-raised.
+:func:`gpumagic.cuda.graph_owners`). Every failure to inspect an object is noted.
 """
 
 from __future__ import annotations
@@ -211,14 +209,16 @@ def _search_frozen(
     covered: Callable[[], bool] | None,
     frozen_before: int | None,
 ) -> int:
-    """Look among the objects :func:`gc.freeze` hid from the walk up (:func:`_walk_down`)
-    when they may hold what it did not find; how many stayed unsearched (0: none)."""
+    """Search what :func:`gc.freeze` hid from the walk up (:func:`_walk_down`) where it
+    may matter; how many objects stayed unsearched (0: none)."""
     frozen = gc.get_freeze_count()
     unplaced = any(not t.path for t in targets.values())
     unshown = not covered() if covered is not None else not targets
-    # The leaked tensors were made after frozen_before was counted: a later freeze only.
-    unshown = unshown and (frozen_before is None or frozen > frozen_before)
-    if not frozen or not (unplaced or unshown):
+    # Only a freeze since frozen_before hides leaked tensors; an older one (Python 3.12's
+    # start-up objects) a holder only if the test changed it: searched without a limit.
+    later = frozen_before is None or frozen > frozen_before
+    unshown = unshown and later
+    if not frozen or not (unplaced or unshown) or not (later or budget.seconds is None):
         return 0
     return 0 if _walk_down(targets, facts, budget, unshown) else frozen
 

@@ -21,18 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_cuda.child import child_argv_for, child_env, write_nodeids
 from pytest_cuda.leak_report import LeakReport
-from pytest_cuda.leaks import Rerun
+from pytest_cuda.leaks import LIBRARY_STEP, Rerun
 
 if TYPE_CHECKING:
     import pytest
 
-__all__ = ["ENV_OUT", "LIBRARY_STEP", "rerun_alone", "write_reports"]
+__all__ = ["ENV_OUT", "rerun_alone", "write_reports"]
 
 #: Where a re-run child writes ``{nodeid: LeakReport.to_dict()}``.
 ENV_OUT = "PYTEST_CUDA_LEAK_RERUN_OUT"
-#: The name of the step under which growth that only a library cache holds is listed
-#: (:func:`pytest_cuda.leak_checker.kept_by_library`).
-LIBRARY_STEP = "held by a library cache"
 TIMEOUT_S = 300
 #: The mode that runs a child's share of the session's tests (``ResumedRun``).
 NARROWING_PLUGIN = "pytest_cuda.sync_plugin"
