@@ -60,6 +60,7 @@ SCRIPTS = {
     "plugin_overhead": "bench_plugin_overhead.py",
     "sync": "bench_sync.py",
     "timing": "bench_timing.py",
+    "timing_clocks": "bench_timing.py --only",
 }
 #: Version keys shown with a run, in this order, when its records have them.
 VERSIONS = (
@@ -1255,6 +1256,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "plugin_overhead": _table_plugin_overhead,
     "sync": _table_sync,
     "timing": _table_timing,
+    "timing_clocks": _table_timing,
 }
 
 
