@@ -109,7 +109,12 @@ def main() -> None:
                 walls[name].append(wall)
                 first[name].append(times[0])
                 per_test[name].append(statistics.median(times[1:]))
-                print(f"round {round_ + 1} {name}: {wall:.2f} s", flush=True)
+                # Each run's figures as it ends: a run cut short still leaves them.
+                print(
+                    f"round {round_ + 1} {name}: {wall:.2f} s (first test {times[0]:.2f} s, "
+                    f"per test once up {per_test[name][-1]:.3f} s)",
+                    flush=True,
+                )
     date = datetime.now(UTC).strftime("%Y-%m-%d")
     bench = f"warm_ranks_{backend}"
     device = (
