@@ -512,6 +512,9 @@ def syntax_error_shown(shell: InteractiveShell, cell: str, capsys: Any) -> tuple
         ("%%cudatime -n 3 x = (1,\nx", "    %%cudatime -n 3 x = (1,", " " * 27 + "^"),
         ("%%cudatime -n 3 x = 1 1\nx", "    %%cudatime -n 3 x = 1 1", " " * 26 + "^"),
         ("%%gpumem\nx = 1\ny = = 2", "    y = = 2", "        ^"),
+        ("%lprun x +", "    %lprun x +", " " * 14 + "^"),
+        ("%lprun -f len   len(1,", "    %lprun -f len   len(1,", " " * 26 + "^"),
+        ("%%lprun -f len\nx = 1\ny = = 2", "    y = = 2", "        ^"),
     ],
 )
 def test_a_syntax_error_shows_the_users_line_and_caret(
