@@ -12,7 +12,7 @@ from IPython import display as _display
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from gpumagic.cell_code import file_source, show_from
+from gpumagic.cell_code import compile_source, file_source, parse_source, show_from
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -84,6 +84,7 @@ class LprunMagics(Magics):
         from gpumagic.lineprof_result import LineProfileDisplay
 
         assert self.shell is not None
+        line = parameter_s
         # line_profiler's quoting, so that statements behave exactly as under its %lprun.
         parameter_s = parameter_s.replace('"', r"\"").replace("'", r"\"")
         try:
@@ -104,11 +105,11 @@ class LprunMagics(Magics):
         for letter in ("D", "T"):
             for raw in opts.get(letter, []):
                 _check_output_file(letter, raw)
-        _check_statement(statement)
+        try:
+            filename, code = self._compile(statement, line, cell)
+        except SyntaxError as exc:
+            raise _not_runnable(exc) from None  # the user's line and caret
         output_unit = _output_unit(opts.get("u"))
-        # Filed under the running cell's name, so that its traceback shows its line.
-        filename = file_source(self.shell, statement)
-        code = compile(statement, filename, "exec")
         profiler = GpuLineProfiler(
             sync="no-sync" not in opts, gpu="gpu" in opts, memory="memory" in opts
         )
@@ -142,6 +143,23 @@ class LprunMagics(Magics):
         if failure is not None:
             raise failure
         return profiler if "r" in opts else None
+
+    def _compile(self, statement: str, line: str, cell: str | None) -> tuple[str, Any]:
+        """The statement compiled under the running cell's name, placed where it sits in
+        the cell, so that a traceback, or a syntax error's caret, shows the user's line.
+        A statement that cannot run is an error before anything is profiled."""
+        assert self.shell is not None
+        if cell is not None:
+            source, where = f"%%lprun {line}\n{cell}", (1, 0)
+        elif statement.strip() and line.rstrip().endswith(statement.strip()):
+            column = len("%lprun ") + len(line.rstrip()) - len(statement.strip())
+            source, where = f"%lprun {line}", (0, column)
+            statement = statement.strip()
+        else:  # line_profiler's quoting changed it: the statement as it runs
+            source, where = statement, (0, 0)
+        filename = file_source(self.shell, source)
+        tree = parse_source(self.shell, statement, filename, *where)
+        return filename, compile_source(self.shell, tree, filename, "exec")
 
     def _cell_names(self, filenames: Iterable[str]) -> dict[str, str]:
         """``{filename: "In[2]"}`` for the files that are notebook or terminal cells."""
@@ -182,19 +200,16 @@ class LprunMagics(Magics):
             profiler.add_module(module)
 
 
-def _check_statement(statement: str) -> None:
-    """A statement that cannot run is a usage error before anything is profiled."""
-    try:
-        compile(statement, "<string>", "exec")
-    except SyntaxError as exc:
-        if "await" in str(exc.msg):
-            raise UsageError(
-                "%lprun runs its statement with exec, where top-level await is not "
-                "allowed: wrap it, e.g. %lprun -f acoro asyncio.run(acoro(10))"
-            ) from None
-        raise UsageError(
-            f"%lprun: the statement is not valid Python ({exc.msg}): {statement.strip()!r}"
-        ) from None
+def _not_runnable(exc: SyntaxError) -> Exception:
+    """What to raise for a statement that does not compile: the syntax error itself,
+    without our frames (IPython shows the line and a caret), or a usage error that says
+    how to profile a coroutine."""
+    if "await" in str(exc.msg):
+        return UsageError(
+            "%lprun runs its statement with exec, where top-level await is not "
+            "allowed: wrap it, e.g. %lprun -f acoro asyncio.run(acoro(10))"
+        )
+    return exc.with_traceback(None)
 
 
 def _check_output_file(letter: str, raw: str) -> None:

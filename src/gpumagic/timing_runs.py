@@ -295,9 +295,17 @@ class Timer(Passes):
         try:
             while True:
                 run = self._clocked(measure(loops))
-                # A resize starts the runs over: only while the fewest runs still fit.
+                # A resize starts the runs over: only while the fewest runs still fit, or
+                # when the fewest runs still to make at this length would take longer
+                # than starting over with runs of the target length.
                 room = self.clock() + FEWEST_RUNS * target <= deadline
-                if resizes < MAX_RESIZES and room and self._off_target(run, target, unroll):
+                left = max(0, FEWEST_RUNS - len(runs) - 1) * run.host
+                too_long = left > FEWEST_RUNS * target
+                if (
+                    resizes < MAX_RESIZES
+                    and (room or too_long)
+                    and self._off_target(run, target, unroll)
+                ):
                     resizes += 1
                     loops = max(unroll, round(target / run.per_loop / unroll) * unroll)
                     runs.clear()

@@ -89,9 +89,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     try:
         spec = parse_distributed_marker(mark.args, mark.kwargs)
     except ValueError as exc:
-        pytest.fail(f"malformed @pytest.mark.{MARKER} on {pyfuncitem.nodeid}: {exc}", pytrace=False)
-    _run(pyfuncitem, spec)
-    return True
+        malformed = f"malformed @pytest.mark.{MARKER} on {pyfuncitem.nodeid}: {exc}"
+    else:
+        _run(pyfuncitem, spec)
+        return True
+    pytest.fail(malformed, pytrace=False)  # outside the except: no "During handling"
 
 
 def rank_pools(config: pytest.Config) -> RankPools:

@@ -71,9 +71,12 @@ class SyncModes:
                 try:
                     check_no_arguments(mark.args, mark.kwargs)
                 except ValueError as exc:
-                    pytest.fail(
-                        f"malformed @pytest.mark.{name} on {item.nodeid}: {exc}", pytrace=False
-                    )
+                    malformed = f"malformed @pytest.mark.{name} on {item.nodeid}: {exc}"
+                else:
+                    continue
+                # Outside the except: pytest would show the ValueError first, then
+                # "During handling of the above exception" and this.
+                pytest.fail(malformed, pytrace=False)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:

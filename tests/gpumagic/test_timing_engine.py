@@ -147,6 +147,31 @@ def test_the_budget_holds_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> 
     assert result.repeat >= 3
 
 
+def test_a_run_far_past_the_budget_is_not_made_three_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The machine got 200 times slower after the warm-up (torch's threads on a loaded
+    CPU): the runs sized to 40 ms took 8 s each, and the fewest runs made it 24 s of a
+    1 s budget (a CPU trial of the getting-started samples; issue 29, item 4). The runs
+    are resized after the first such run, so the budget is overrun by one run only."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    slow = False
+
+    def body(n: int) -> None:
+        nonlocal slow
+        slow = slow or n >= 4000  # from the first run on (the warm-up's batches are shorter)
+        clock.advance(n * 10e-6 * (200 if slow else 1))
+
+    result = time_cuda(body, TimingOptions(host_only=True, count=False))
+    assert result.first_call is not None
+    longest = max(result.all_runs)
+    assert clock.now - result.first_call <= 1.0 + 8.5, clock.now
+    assert result.repeat >= 3
+    assert longest < 1.0  # the runs kept are the resized ones
+    assert result.median == pytest.approx(2e-3)  # the slow machine's time, per loop
+
+
 def test_host_timing_with_fixed_loops_and_repeat() -> None:
     calls = []
     result = time_cuda(

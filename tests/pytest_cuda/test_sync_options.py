@@ -346,3 +346,6 @@ def test_sync_markers_with_arguments_are_errors(
         ["*ERROR at setup of test_a*", "malformed @pytest.mark." + message.format(name)]
     )
     assert "Traceback" not in result.stdout.str()
+    # Said once: not the bare reason first, then "During handling of the above...".
+    assert "During handling" not in result.stdout.str()
+    assert result.stdout.str().count("takes no arguments") == 1
