@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
+from gpumagic.stacks import FrameFilter
 from gpumagic.units import format_bytes
 from pytest_cuda.leak_paths import Step, key_of, render, step_between
 
@@ -51,8 +52,6 @@ MAX_DEPTH = 12
 MAX_FRONTIER = 2_000
 #: How many autograd graph nodes are read when looking for saved tensors.
 MAX_GRAPH_NODES = 20_000
-
-_LIBRARY_ROOTS = ("torch", "triton", "functorch", "_pytest", "pluggy", "numpy")
 
 
 @dataclass(frozen=True)
@@ -490,12 +489,9 @@ def _through_note(through: set[str]) -> str:
 
 
 def _is_library(module: str) -> bool:
-    top = module.split(".", 1)[0]
-    if top in _LIBRARY_ROOTS:
-        return True
-    found = sys.modules.get(top)
-    path = str(getattr(found, "__file__", "") or "")
-    return "site-packages" in path or "dist-packages" in path or top in sys.stdlib_module_names
+    """The one rule (:class:`gpumagic.stacks.FrameFilter`): an installed package's or a
+    library's global is a library cache, kept by design."""
+    return FrameFilter.default().is_library_module(module)
 
 
 def _is_test_instance(obj: object) -> bool:

@@ -270,6 +270,15 @@ def test_a_library_global_is_a_library_cache() -> None:
         del functools._gpumagic_test_cache  # type: ignore[attr-defined]
 
 
+def test_an_installed_package_s_global_is_a_library_cache(module: types.ModuleType) -> None:
+    """The walk asks stacks.FrameFilter's rule: site-packages is a library's."""
+    module.__file__ = "/venv/lib/python3.12/site-packages/mymod/__init__.py"
+    module.KEEP = [Blob(64)]  # type: ignore[attr-defined]
+    assert only(scan())[:2] == ("mymod.KEEP[0]", LIBRARY)
+    module.__file__ = "/home/me/project/mymod.py"
+    assert only(scan())[:2] == ("mymod.KEEP[0]", "module global")
+
+
 def test_the_largest_holder_comes_first(module: types.ModuleType) -> None:
     module.SMALL = Blob(10)  # type: ignore[attr-defined]
     module.LARGE = Blob(10_000)  # type: ignore[attr-defined]
