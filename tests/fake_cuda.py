@@ -29,8 +29,9 @@ GiB = 2**30
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: object = None, /, **functions: Any) -> None:
     """Each of :mod:`gpumagic.cuda`'s functions named as a public method of ``fake``'s
-    class, or as a keyword, is replaced by it until ``monkeypatch`` is undone."""
-    names = [n for n in vars(type(fake)) if n[0] != "_" and hasattr(cuda, n)]
+    class (its bases included), or as a keyword, is replaced by it until ``monkeypatch``
+    is undone."""
+    names = {n for c in type(fake).__mro__ for n in vars(c) if n[0] != "_" and hasattr(cuda, n)}
     for name, function in ({n: getattr(fake, n) for n in names} | functions).items():
         monkeypatch.setattr(cuda, name, function)
 

@@ -5,6 +5,7 @@ GPU work it launched. Loading gpumagic replaces line_profiler's ``%lprun`` on pu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from gpumagic.cell_code import compile_source, file_source, parse_source, show_f
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+    from types import CodeType
 
     from gpumagic.lineprof_result import LineProfileDisplay
 
@@ -23,6 +25,24 @@ __all__ = ["MAGICS", "LprunMagics"]
 
 _LONG_OPTIONS = ("no-sync", "gpu", "memory")
 display: Callable[..., None] = _display.display
+
+
+@dataclass(frozen=True)
+class _LprunCall:
+    """One ``%lprun``, parsed (line_profiler's ``_ParseParamResult``): what runs, what
+    is profiled, where the table goes."""
+
+    statement: str
+    functions: tuple[str, ...]  # -f
+    modules: tuple[str, ...]  # -m
+    stats_files: tuple[str, ...]  # -D
+    text_files: tuple[str, ...]  # -T
+    output_unit: float | None  # -u
+    stripzeros: bool  # -s / -z
+    return_profiler: bool  # -r
+    sync: bool
+    gpu: bool
+    memory: bool
 
 
 @magics_class
@@ -79,12 +99,15 @@ class LprunMagics(Magics):
 
         Output is displayed (HTML with time bars, and the text table), not paged.
         """
-        from gpumagic.lineprof import GpuLineProfiler, patched_builtins_profile
-        from gpumagic.lineprof_install import ProfilerBusy
-        from gpumagic.lineprof_result import LineProfileDisplay
+        call = self._parse(parameter_s, cell)
+        try:
+            filename, code = self._compile(call.statement, parameter_s, cell)
+        except SyntaxError as exc:
+            raise _not_runnable(exc) from None  # the user's line and caret, one frame
+        return self._finish(call, *self._run(call, filename, code))
 
-        assert self.shell is not None
-        line = parameter_s
+    def _parse(self, parameter_s: str, cell: str | None) -> _LprunCall:
+        """The options and the statement, every usage error raised before anything runs."""
         # line_profiler's quoting, so that statements behave exactly as under its %lprun.
         parameter_s = parameter_s.replace('"', r"\"").replace("'", r"\"")
         try:
@@ -105,15 +128,32 @@ class LprunMagics(Magics):
         for letter in ("D", "T"):
             for raw in opts.get(letter, []):
                 _check_output_file(letter, raw)
-        try:
-            filename, code = self._compile(statement, line, cell)
-        except SyntaxError as exc:
-            raise _not_runnable(exc) from None  # the user's line and caret
-        output_unit = _output_unit(opts.get("u"))
-        profiler = GpuLineProfiler(
-            sync="no-sync" not in opts, gpu="gpu" in opts, memory="memory" in opts
+        return _LprunCall(
+            statement=statement,
+            functions=tuple(opts.get("f", [])),
+            modules=tuple(opts.get("m", [])),
+            stats_files=tuple(opts.get("D", [])),
+            text_files=tuple(opts.get("T", [])),
+            output_unit=_output_unit(opts.get("u")),
+            stripzeros="z" in opts or "s" in opts,
+            return_profiler="r" in opts,
+            sync="no-sync" not in opts,
+            gpu="gpu" in opts,
+            memory="memory" in opts,
         )
-        self._add_targets(profiler, opts)
+
+    def _run(
+        self, call: _LprunCall, filename: str, code: CodeType
+    ) -> tuple[Any, str | None, BaseException | None]:
+        """Profile the statement (``code``, filed as ``filename``): the profiler,
+        line_profiler's message for an exit or Ctrl-C, and the statement's error (its
+        traceback already shown)."""
+        from gpumagic.lineprof import GpuLineProfiler, patched_builtins_profile
+        from gpumagic.lineprof_install import ProfilerBusy
+
+        assert self.shell is not None
+        profiler = GpuLineProfiler(sync=call.sync, gpu=call.gpu, memory=call.memory)
+        self._add_targets(profiler, call)
         message = None
         failure: BaseException | None = None
         try:
@@ -128,21 +168,32 @@ class LprunMagics(Magics):
             failure = exc
         finally:
             profiler.restore_code()
+        return profiler, message, failure
+
+    def _finish(
+        self,
+        call: _LprunCall,
+        profiler: Any,
+        message: str | None,
+        failure: BaseException | None,
+    ) -> Any:
+        """Display the table, save the files, then raise the statement's error."""
+        from gpumagic.lineprof_result import LineProfileDisplay
 
         result = profiler.result(message)
         view = LineProfileDisplay(
             result,
-            output_unit,
-            stripzeros="z" in opts or "s" in opts,
+            call.output_unit,
+            stripzeros=call.stripzeros,
             cells=self._cell_names(label[0] for label in result.stats.timings),
         )
         display(view)
-        _save(profiler, view, opts)
+        _save(profiler, view, call)
         if message:
             print("\n*** " + message)
         if failure is not None:
             raise failure
-        return profiler if "r" in opts else None
+        return profiler if call.return_profiler else None
 
     def _compile(self, statement: str, line: str, cell: str | None) -> tuple[str, Any]:
         """The statement compiled under the running cell's name, placed where it sits in
@@ -172,11 +223,11 @@ class LprunMagics(Magics):
                 found[filename] = str(named[1])
         return found
 
-    def _add_targets(self, profiler: Any, opts: Any) -> None:
+    def _add_targets(self, profiler: Any, call: _LprunCall) -> None:
         """Resolve ``-f`` expressions and ``-m`` modules in the user's namespace."""
         assert self.shell is not None
         namespace = self.shell.user_ns
-        for expression in opts.get("f", []):
+        for expression in call.functions:
             try:
                 target = eval(expression, self.shell.user_global_ns, namespace)
             except Exception as exc:
@@ -190,7 +241,7 @@ class LprunMagics(Magics):
                     f"-f {expression}: {type(target).__name__!r} objects are not code to profile; "
                     "give a function, method, property, class, partial or nn.Module"
                 ) from None
-        for module_name in opts.get("m", []):
+        for module_name in call.modules:
             try:
                 module = __import__(module_name, fromlist=[""])
             except Exception as exc:
@@ -239,11 +290,11 @@ def _output_unit(values: list[str] | None) -> float | None:
     return unit
 
 
-def _save(profiler: Any, view: LineProfileDisplay, opts: Any) -> None:
-    for raw in opts.get("D", []):
+def _save(profiler: Any, view: LineProfileDisplay, call: _LprunCall) -> None:
+    for raw in call.stats_files:
         profiler.dump_stats(Path(raw))
         print(f"\n*** Profile stats pickled to file {raw!r}.")
-    for raw in opts.get("T", []):
+    for raw in call.text_files:
         Path(raw).write_text(view.text + "\n", encoding="utf-8")
         print(f"\n*** Profile printout saved to text file {raw!r}.")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import linecache
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
@@ -42,8 +43,113 @@ parse_argstring: Callable[[Callable[..., Any], str], Any] = _magic_arguments.par
 display: Callable[..., None] = _display.display
 
 
-def _show(result: GpuMemResult | CellMemResult) -> None:
-    display({"text/plain": result.text(), "text/html": result._repr_html_()}, raw=True)
+_Result = GpuMemResult | CellMemResult
+
+
+@dataclass(frozen=True)
+class _GpuMemCall:
+    """One ``%gpumem`` or ``%%gpumem``, parsed and checked (as line_profiler's
+    ``_ParseParamResult``)."""
+
+    action: str | None  # watch, off
+    cell: str | None
+    top: int | None
+    collect: bool  # --gc
+    empty_cache: bool
+    device: str | None
+    keep_peak: bool
+    trace: bool
+    timeline: bool
+    output: bool  # -o
+
+
+def _parse_call(args: Any, cell: str | None) -> _GpuMemCall:
+    """Every usage error before anything runs or is read."""
+    _device_spec(args.device)  # checked with or without a GPU
+    if cell is None:
+        _check_line(args)
+    else:
+        _check_cell(args)
+    return _GpuMemCall(
+        action=args.action,
+        cell=cell,
+        top=args.top,
+        collect=args.gc,
+        empty_cache=args.empty_cache,
+        device=args.device,
+        keep_peak=args.keep_peak,
+        trace=args.trace,
+        timeline=args.timeline,
+        output=args.return_result,
+    )
+
+
+def _check_line(args: Any) -> None:
+    for option, on in (("--trace", args.trace), ("--timeline", args.timeline)):
+        if on:
+            raise UsageError(
+                f"{option} is an option of the cell magic: put %%gpumem {option} "
+                "on the first line of the cell"
+            )
+    if args.action == "off":
+        _check_alone(args, "off", allowed=())
+    elif args.action == "watch":
+        _check_alone(args, "watch", allowed=("device", "keep_peak"))
+    elif args.keep_peak:
+        raise UsageError("--keep-peak applies to %%gpumem and %gpumem watch")
+    elif args.top is not None and args.top < 1:
+        raise UsageError(f"--top takes a positive number of tensors, not {args.top}")
+
+
+def _check_cell(args: Any) -> None:
+    if args.action is not None:
+        raise UsageError(f"'{args.action}' is for the line magic: %gpumem {args.action}")
+    misplaced = [
+        name
+        for name, on in (
+            ("--top", args.top is not None),
+            ("--gc", args.gc),
+            ("--empty-cache", args.empty_cache),
+        )
+        if on
+    ]
+    if misplaced:
+        what = "is an option" if len(misplaced) == 1 else "are options"
+        raise UsageError(
+            "%%gpumem takes --trace, --timeline, --keep-peak, --device and -o; "
+            f"{', '.join(misplaced)} {what} of the line magic %gpumem"
+        )
+
+
+def _check_alone(args: Any, action: str, allowed: tuple[str, ...]) -> None:
+    given = {
+        "top": args.top is not None,
+        "gc": args.gc,
+        "empty_cache": args.empty_cache,
+        "device": args.device is not None,
+        "keep_peak": args.keep_peak,
+        "return_result": args.return_result,
+    }
+    extra = [name for name, on in given.items() if on and name not in allowed]
+    if extra:
+        options = ", ".join(
+            "-o" if n == "return_result" else "--" + n.replace("_", "-") for n in extra
+        )
+        takes = " and ".join("--" + a.replace("_", "-") for a in allowed) or "no option"
+        raise UsageError(f"%gpumem {action} takes {takes}, not {options}")
+
+
+def _finish(call: _GpuMemCall, result: _Result | None, failure: BaseException | None) -> Any:
+    """Show the result (or return it, -o); a cell's error after its memory figures."""
+    if failure is not None:
+        # The cell's error stops the notebook as it would without the magic; the memory
+        # it used up to the error is shown first.
+        display(result)
+        raise failure
+    if result is None or call.output:
+        return result
+    display(result)
+    return None
 
 
 @magics_class
@@ -153,80 +259,50 @@ class GpuMemMagics(Magics):
             loss = model(x).sum()
             loss.backward()
         """
-        args = parse_argstring(self.gpumem, line)
-        _device_spec(args.device)  # checked with or without a GPU
-        if cell is None:
-            return self._line(args)
+        call = _parse_call(parse_argstring(self.gpumem, line), cell)
         try:
-            return self._cell(args, cell)
+            return _finish(call, *self._run(call))
         except SyntaxError as exc:
             shown = cell_syntax_error(exc, self._shell)
             if shown is None:
                 raise
             raise shown from None  # the user's line and caret
 
+    def _run(self, call: _GpuMemCall) -> tuple[_Result | None, BaseException | None]:
+        """Do what the call asks: the report, the cell's, or watch on or off; and the
+        cell's error, reported after its memory figures."""
+        if call.cell is not None:
+            return self._cell(call, call.cell)
+        if call.action == "off":
+            self._stop_watch(say=True)
+        elif call.action == "watch":
+            self._start_watch(call)
+        else:
+            return self._line(call), None
+        return None, None
+
     # -- %gpumem ---------------------------------------------------------------
 
-    def _line(self, args: Any) -> Any:
-        for option, on in (("--trace", args.trace), ("--timeline", args.timeline)):
-            if on:
-                raise UsageError(
-                    f"{option} is an option of the cell magic: put %%gpumem {option} "
-                    "on the first line of the cell"
-                )
-        if args.action == "off":
-            self._check_alone(args, "off", allowed=())
-            self._stop_watch(say=True)
-            return None
-        if args.action == "watch":
-            self._check_alone(args, "watch", allowed=("device", "keep_peak"))
-            return self._start_watch(args)
-        if args.keep_peak:
-            raise UsageError("--keep-peak applies to %%gpumem and %gpumem watch")
-        if args.top is not None and args.top < 1:
-            raise UsageError(f"--top takes a positive number of tensors, not {args.top}")
+    def _line(self, call: _GpuMemCall) -> GpuMemResult:
         status = cuda.status()
         if not status.available:
-            result = GpuMemResult(memory.MemoryReport(summary="", unavailable=_no_cuda(status)))
-        else:
-            devices = self._devices(status, args.device)
-            roots = (
-                memory_holders.namespace_roots(self._shell.user_ns, self._shell.user_ns_hidden)
-                if args.top
-                else []
-            )
-            report = memory.read_report(
-                devices,
-                summary=status.summary(),
-                top=args.top or 0,
-                roots=roots,
-                collect=args.gc,
-                empty_cache=args.empty_cache,
-                peak_resets=self._peak_resets.values(),
-            )
-            result = GpuMemResult(report)
-        if args.return_result:
-            return result
-        _show(result)
-        return None
-
-    @staticmethod
-    def _check_alone(args: Any, action: str, allowed: tuple[str, ...]) -> None:
-        given = {
-            "top": args.top is not None,
-            "gc": args.gc,
-            "empty_cache": args.empty_cache,
-            "device": args.device is not None,
-            "keep_peak": args.keep_peak,
-            "return_result": args.return_result,
-        }
-        extra = [name for name, on in given.items() if on and name not in allowed]
-        if extra:
-            options = ", ".join(
-                "-o" if n == "return_result" else "--" + n.replace("_", "-") for n in extra
-            )
-            takes = " and ".join("--" + a.replace("_", "-") for a in allowed) or "no option"
-            raise UsageError(f"%gpumem {action} takes {takes}, not {options}")
+            return GpuMemResult(memory.MemoryReport(summary="", unavailable=_no_cuda(status)))
+        devices = self._devices(status, call.device)
+        roots = (
+            memory_holders.namespace_roots(self._shell.user_ns, self._shell.user_ns_hidden)
+            if call.top
+            else []
+        )
+        report = memory.read_report(
+            devices,
+            summary=status.summary(),
+            top=call.top or 0,
+            roots=roots,
+            collect=call.collect,
+            empty_cache=call.empty_cache,
+            peak_resets=self._peak_resets.values(),
+        )
+        return GpuMemResult(report)
 
     def _devices(self, status: CudaStatus, spec: str | None) -> tuple[DeviceInfo, ...]:
         if spec is None:
@@ -238,70 +314,42 @@ class GpuMemMagics(Magics):
 
     # -- %%gpumem ----------------------------------------------------------------
 
-    def _cell(self, args: Any, cell: str) -> Any:
-        if args.action is not None:
-            raise UsageError(f"'{args.action}' is for the line magic: %gpumem {args.action}")
-        misplaced = [
-            name
-            for name, on in (
-                ("--top", args.top is not None),
-                ("--gc", args.gc),
-                ("--empty-cache", args.empty_cache),
-            )
-            if on
-        ]
-        if misplaced:
-            what = "is an option" if len(misplaced) == 1 else "are options"
-            raise UsageError(
-                "%%gpumem takes --trace, --timeline, --keep-peak, --device and -o; "
-                f"{', '.join(misplaced)} {what} of the line magic %gpumem"
-            )
+    def _cell(self, call: _GpuMemCall, cell: str) -> tuple[CellMemResult, BaseException | None]:
         label = f"In[{cell_number(self._shell)}]"
         filename = file_source(self._shell, cell)
         status = cuda.status()
         self._cell_magic_ran = True
         if not status.available:
             run_cell_body(self._shell, cell, filename, 0)
-            result = CellMemResult(
-                memory_cell.CellMemoryReport(label=label, unavailable=_no_cuda(status))
-            )
-        else:
-            devices = self._devices(status, args.device)
-            meter = memory_cell.CellMeter(
-                devices, label, keep_peak=args.keep_peak, trace=args.trace, timeline=args.timeline
-            )
-            files_before = set(linecache.cache) if args.trace or args.timeline else set()
-            meter.start()
-            failure: BaseException | None = None
-            try:
-                run_cell_body(self._shell, cell, filename, 0)
-            except BaseException as exc:  # reported after the memory figures
-                failure = exc
-            finally:
-                cell_files = frozenset({filename, *(set(linecache.cache) - files_before)})
+            report = memory_cell.CellMemoryReport(label=label, unavailable=_no_cuda(status))
+            return CellMemResult(report), None
+        devices = self._devices(status, call.device)
+        meter = memory_cell.CellMeter(
+            devices, label, keep_peak=call.keep_peak, trace=call.trace, timeline=call.timeline
+        )
+        files_before = set(linecache.cache) if call.trace or call.timeline else set()
+        meter.start()
+        failure: BaseException | None = None
+        try:
+            run_cell_body(self._shell, cell, filename, 0)
+        except BaseException as exc:  # reported after the memory figures
+            failure = exc
+        finally:
+            cell_files = frozenset({filename, *(set(linecache.cache) - files_before)})
 
-                def where(filename: str, line: int) -> str:
-                    if filename in cell_files:
-                        return f"{label} line {line}"
-                    return self._where(filename, line)
+            def where(filename: str, line: int) -> str:
+                if filename in cell_files:
+                    return f"{label} line {line}"
+                return self._where(filename, line)
 
-                report = meter.finish(
-                    cell_files=cell_files,
-                    is_user=FrameFilter.default().is_user,
-                    where=where,
-                    source=_source,
-                )
-                self._remember(meter.resets)
-            result = CellMemResult(report)
-            if failure is not None:
-                # The cell's error stops the notebook as it would without the magic;
-                # the memory it used up to the error is shown first.
-                _show(result)
-                raise failure
-        if args.return_result:
-            return result
-        _show(result)
-        return None
+            report = meter.finish(
+                cell_files=cell_files,
+                is_user=FrameFilter.default().is_user,
+                where=where,
+                source=_source,
+            )
+            self._remember(meter.resets)
+        return CellMemResult(report), failure
 
     def _where(self, filename: str, line: int) -> str:
         named = self._shell.compile.format_code_name(filename)
@@ -320,7 +368,7 @@ class GpuMemMagics(Magics):
 
     # -- %gpumem watch -----------------------------------------------------------
 
-    def _start_watch(self, args: Any) -> None:
+    def _start_watch(self, args: _GpuMemCall) -> None:
         status = cuda.status()
         if not status.available:
             display({"text/plain": f"gpumem: {_no_cuda(status)}; nothing to watch"}, raw=True)

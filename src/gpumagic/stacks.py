@@ -8,8 +8,11 @@ test left allocated, by stack) read it the same way, through this module:
 * :func:`blocks_from_segments` turns the snapshot's ``segments`` into :class:`Block` s;
   :func:`blocks_allocated_since` keeps those allocated after a moment, from the
   allocator's event ring;
-* :class:`FrameFilter` is the one answer to "is this frame the user's or a library's"
-  (torch, the standard library, pytest, IPython, gpumagic, C++ frames);
+* :class:`FrameFilter` is the one answer to "is this code the user's or a library's",
+  by file (a frame) and by module name (the leak walk's roots): torch, the standard
+  library, pytest, IPython, gpumagic, generated and C++ code are a library's; an
+  installed package (site-packages) is the user's to look at, and its caches are kept
+  by design like a library's;
 * :func:`group_by_stack` groups blocks by their user frames (the leak report) and
   :func:`group_by_line` by the innermost user line (the ``%%gpumem`` trace).
 
@@ -47,9 +50,12 @@ __all__ = [
 
 #: Frames kept per stack in a leak report.
 MAX_FRAMES = 8
-#: Packages whose frames are never the user's, when imported.
+#: Packages whose code is never the user's, when imported.
 LIBRARY_PACKAGES = (
     "torch",
+    "functorch",
+    "triton",
+    "numpy",
     "pytest",
     "_pytest",
     "pluggy",
@@ -59,6 +65,10 @@ LIBRARY_PACKAGES = (
     "pytest_cuda",
     "gpumagic",
 )
+#: What :meth:`FrameFilter.kind_of_file` and :meth:`FrameFilter.kind_of_module` answer:
+#: the user's code, an installed package's (site-packages or dist-packages, outside
+#: :data:`LIBRARY_PACKAGES`), or a library's.
+USER, INSTALLED, LIBRARY = "user", "installed", "library"
 
 
 @dataclass(frozen=True)
@@ -210,10 +220,14 @@ def _generated_code_dirs() -> list[str]:
 
 
 class FrameFilter:
-    """Tells the user's frames from library frames: the packages of
-    :data:`LIBRARY_PACKAGES` (torch, pytest, IPython, gpumagic…), the standard library
-    and C++ frames. Python code in site-packages other than those counts as the user's
-    (their model library is theirs to look at)."""
+    """The one rule for "is this code the user's?", by file and by module name.
+
+    A library's: the packages of :data:`LIBRARY_PACKAGES` (torch, pytest, IPython,
+    gpumagic…), the standard library, the code torch.compile generates, C++ frames.
+    An installed package's (site-packages outside those): the user's to look at in a
+    stack (:meth:`is_user`: their model library is theirs), and, holding memory, a
+    library's cache kept by design (:meth:`is_library_module`). Everything else, and a
+    module without a file that is not the standard library's, is the user's."""
 
     def __init__(self, library_dirs: Iterable[str], stdlib_dirs: Iterable[str] = ()) -> None:
         self._library = tuple(_as_dir(d) for d in library_dirs if d)
@@ -232,18 +246,41 @@ class FrameFilter:
         paths = sysconfig.get_paths()
         return cls(library, {paths["stdlib"], paths["platstdlib"]})
 
-    def is_user(self, filename: str) -> bool:
+    def kind_of_file(self, filename: str) -> str:
+        """:data:`USER`, :data:`INSTALLED` or :data:`LIBRARY`, for a frame's file."""
         if filename.startswith(("<frozen", "<eval_with_key")):
-            return False
+            return LIBRARY
         if not filename.startswith("<") and not filename.endswith((".py", ".pyw", ".ipy")):
-            return False  # a C++ frame (recording with stacks="all"): torch's or a library's
+            return LIBRARY  # a C++ frame (recording with stacks="all"): torch's or a library's
+        return self._kind_of_path(filename)
+
+    def kind_of_module(self, name: str) -> str:
+        """:data:`USER`, :data:`INSTALLED` or :data:`LIBRARY`, for a module by its name
+        (its top-level package decides)."""
+        top = name.split(".", 1)[0]
+        if top in LIBRARY_PACKAGES or top in sys.stdlib_module_names:
+            return LIBRARY
+        path = str(getattr(sys.modules.get(top), "__file__", "") or "")
+        return self._kind_of_path(path) if path else USER
+
+    def is_user(self, filename: str) -> bool:
+        """A frame the user's line is looked for in (an installed package's included)."""
+        return self.kind_of_file(filename) != LIBRARY
+
+    def is_library_module(self, name: str) -> bool:
+        """A module whose globals are a library's cache (an installed package's included)."""
+        return self.kind_of_module(name) != USER
+
+    def _kind_of_path(self, filename: str) -> str:
+        if filename.startswith("<"):
+            return USER
         path = _as_dir(filename)
         if path.startswith(self._library):
-            return False
-        if path.startswith(self._stdlib):
-            parts = path.split(os.sep)
-            return "site-packages" in parts or "dist-packages" in parts
-        return True
+            return LIBRARY
+        parts = path.split(os.sep)
+        if "site-packages" in parts or "dist-packages" in parts:
+            return INSTALLED
+        return LIBRARY if path.startswith(self._stdlib) else USER
 
 
 # ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import keyword
 import re
 import time
 import tokenize
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
@@ -243,56 +244,64 @@ class CudaTimeMagics(Magics):
           y = x * 2
           total = y.sum().item()
         """
-        args, rest, start = _parse(getattr(self.cudatime, "parser"), line)  # noqa: B009
-        options = _options(args)
-        # Where the setup and body sit in the cell as registered below: (line, column).
-        if cell is None:
-            setup, body, where = "", rest, (0, len("%cudatime ") + start)
-            cached = f"%cudatime {line}"
-        else:
-            setup, body, where = rest, cell, (1, 0)
-            cached = f"%%cudatime {line}\n{cell}"
-        if not body.strip():
-            what = "a statement after the options" if cell is None else "a cell body"
-            raise UsageError(f"%cudatime: nothing to time; give it {what}")
+        call = _parse_call(getattr(self.cudatime, "parser"), line, cell)  # noqa: B009
+        shell = self.shell
+        assert shell is not None
+        scope = local_ns if cell is None and local_ns is not shell.user_ns else None
+        try:
+            compiled = self._compile_call(call, scope)
+        except SyntaxError as exc:
+            raise exc.with_traceback(None) from None  # the user's line and caret
+        return self._finish(call, self._run(call, compiled))
+
+    def _compile_call(self, call: _CudaTimeCall, scope: dict[str, Any] | None) -> _Compiled:
+        """The setup's code and the body's ``run(n)``, filed under the running cell."""
         shell = self.shell
         assert shell is not None
         try:
-            check_device(options)
+            check_device(call.options)
         except ValueError as exc:
             raise UsageError(f"%cudatime: {exc}") from None
-        filename = file_source(shell, cached)
+        filename = file_source(shell, call.source)
         t0 = time.perf_counter()
-        scope = local_ns if cell is None and local_ns is not shell.user_ns else None
+        setup_code = self._code(call.setup, filename, call.setup_at)
+        run = self._compile(call.body, filename, call.body_at, scope)
+        return _Compiled(filename, setup_code, run, time.perf_counter() - t0)
+
+    def _run(self, call: _CudaTimeCall, compiled: _Compiled) -> CudaTimeResult:
+        """Run the setup once, then time the body."""
+        shell = self.shell
+        assert shell is not None
+        filename = compiled.filename
         try:
-            setup_code = self._code(setup, filename, (0, len("%%cudatime ") + start))
-            run = self._compile(body, filename, where, scope)
-        except SyntaxError as exc:
-            raise exc.with_traceback(None) from None  # the user's line and caret
-        compile_time = time.perf_counter() - t0
-        try:
-            with device_scope(options):
-                exec(setup_code, shell.user_ns)
+            with device_scope(call.options):
+                exec(compiled.setup, shell.user_ns)
                 wait_for_setup()
             result = time_cuda(
-                run,
-                options,
-                label=_label(body),
+                compiled.run,
+                call.options,
+                label=_label(call.body),
                 code_files=(filename,),
-                compile_time=compile_time,
+                compile_time=compiled.compile_time,
             )
         except BaseException as exc:  # Ctrl-C too: shown from the user's code on
             show_from(exc, filename, shell)
             raise
-        if setup.strip() and (result.flops_counted or result.bytes_counted):
+        if call.setup.strip() and (result.flops_counted or result.bytes_counted):
             result.notes.append(SETUP_NOTE)
-        if not args.quiet:
+        return result
+
+    def _finish(self, call: _CudaTimeCall, result: CudaTimeResult) -> CudaTimeResult | None:
+        """Display the result (notes already shown left out), store and return it."""
+        shell = self.shell
+        assert shell is not None
+        if not call.quiet:
             result.notes = [n for n in result.notes if _wording(n) not in self._notes_shown]
             self._notes_shown.update(_wording(n) for n in result.notes)
             display(result)
-        if args.variable:
-            shell.user_ns[args.variable] = result
-        return result if args.output else None
+        if call.variable:
+            shell.user_ns[call.variable] = result
+        return result if call.output else None
 
     def _code(self, source: str, filename: str, where: tuple[int, int]) -> CodeType:
         assert self.shell is not None
@@ -326,6 +335,60 @@ class CudaTimeMagics(Magics):
             inner(itertools.repeat(None, n))
 
         return run
+
+
+@dataclass(frozen=True)
+class _CudaTimeCall:
+    """One ``%cudatime``, parsed (as line_profiler's ``_ParseParamResult``): what runs,
+    where it sits in the cell, and what becomes of the result."""
+
+    options: TimingOptions
+    setup: str
+    body: str
+    #: Where the setup and the body sit in the cell as filed: (line, column).
+    setup_at: tuple[int, int]
+    body_at: tuple[int, int]
+    #: The magic's source, filed under the running cell's name.
+    source: str
+    quiet: bool  # -q
+    output: bool  # -o
+    variable: str | None  # -v
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """The call's code, compiled once."""
+
+    filename: str
+    setup: CodeType
+    run: Body
+    compile_time: float
+
+
+def _parse_call(parser: argparse.ArgumentParser, line: str, cell: str | None) -> _CudaTimeCall:
+    """The options, the setup and the body; every usage error before anything runs."""
+    args, rest, start = _parse(parser, line)
+    options = _options(args)
+    if cell is None:
+        setup, body, body_at = "", rest, (0, len("%cudatime ") + start)
+        source = f"%cudatime {line}"
+    else:
+        setup, body, body_at = rest, cell, (1, 0)
+        source = f"%%cudatime {line}\n{cell}"
+    if not body.strip():
+        what = "a statement after the options" if cell is None else "a cell body"
+        raise UsageError(f"%cudatime: nothing to time; give it {what}")
+    return _CudaTimeCall(
+        options=options,
+        setup=setup,
+        body=body,
+        setup_at=(0, len("%%cudatime ") + start),
+        body_at=body_at,
+        source=source,
+        quiet=args.quiet,
+        output=args.output,
+        variable=args.variable,
+    )
 
 
 def _parse(parser: argparse.ArgumentParser, line: str) -> tuple[argparse.Namespace, str, int]:

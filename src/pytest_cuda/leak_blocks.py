@@ -14,9 +14,9 @@ from gpumagic.stacks import is_python_file
 from pytest_cuda.leak_holders import (
     LIBRARY,
     NO_TENSOR,
-    HolderScan,
     LeakHolder,
-    find_holders,
+    LeakHolderScan,
+    find_leak_holders,
     holder_order,
 )
 
@@ -40,8 +40,8 @@ def find_block_holders(
     *,
     budget_s: float | None = None,
     frozen_before: int | None = None,
-) -> HolderScan:
-    """:func:`find_holders` for the tensors whose storage lies in one of ``blocks``
+) -> LeakHolderScan:
+    """:func:`find_leak_holders` for the tensors whose storage lies in one of ``blocks``
     (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
     holder accounts for.
 
@@ -50,7 +50,7 @@ def find_block_holders(
     pool, or was allocated inside a library call (its innermost recorded frame is not
     the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
     state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
-    ``budget_s``, ``frozen_before``: see :func:`find_holders`.
+    ``budget_s``, ``frozen_before``: see :func:`find_leak_holders`.
     """
     spans: dict[str, list[Block]] = {}
     for block in blocks:
@@ -81,7 +81,7 @@ def find_block_holders(
         shown = {(b.device, b.address) for b in block_of.values()}
         return all((b.device, b.address) in shown for b in blocks)
 
-    scan = find_holders(
+    scan = find_leak_holders(
         objects,
         in_blocks,
         explain,

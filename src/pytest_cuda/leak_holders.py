@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
+from gpumagic.stacks import FrameFilter
 from gpumagic.units import format_bytes
 from pytest_cuda.leak_paths import Step, key_of, render, step_between
 
@@ -36,11 +37,17 @@ if TYPE_CHECKING:
     #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
     Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
     #: ``explain(key, searched)``: the ``(path, kind)`` of a storage no root reached;
-    #: ``searched`` says the walk went through everything (no time limit, nothing
-    #: frozen out of its sight).
+    #: ``searched``: nothing was out of the walk's sight (no time limit, nothing frozen).
     Explain = Callable[[tuple[str, int], bool], tuple[str, str] | None]
 
-__all__ = ["LIBRARY", "NO_TENSOR", "HolderScan", "LeakHolder", "find_holders", "holder_order"]
+__all__ = [
+    "LIBRARY",
+    "NO_TENSOR",
+    "LeakHolder",
+    "LeakHolderScan",
+    "find_leak_holders",
+    "holder_order",
+]
 
 #: The kind of a holder that is a library's cache, kept by design.
 LIBRARY = "library cache"
@@ -51,8 +58,6 @@ MAX_DEPTH = 12
 MAX_FRONTIER = 2_000
 #: How many autograd graph nodes are read when looking for saved tensors.
 MAX_GRAPH_NODES = 20_000
-
-_LIBRARY_ROOTS = ("torch", "triton", "functorch", "_pytest", "pluggy", "numpy")
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class LeakHolder:
 
 
 @dataclass(frozen=True)
-class HolderScan:
+class LeakHolderScan:
     """What the walk found: holders, largest first, and what it could not see."""
 
     holders: tuple[LeakHolder, ...]
@@ -142,7 +147,7 @@ class _Node:
     through: set[str] = field(default_factory=set)
 
 
-def find_holders(
+def find_leak_holders(
     objects: Sequence[object],
     facts: Facts,
     explain: Explain | None = None,
@@ -150,7 +155,7 @@ def find_holders(
     budget_s: float | None = None,
     covered: Callable[[], bool] | None = None,
     frozen_before: int | None = None,
-) -> HolderScan:
+) -> LeakHolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
     ``facts(obj)`` answers ``(storage key, bytes, device)`` for a leaked tensor (views
@@ -165,7 +170,7 @@ def find_holders(
     frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
     hundred at start-up); only a freeze since then can hide the leaked tensors
     themselves (``None``: any may). Never raises: what cannot be inspected is in
-    :attr:`HolderScan.notes`.
+    :attr:`LeakHolderScan.notes`.
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
@@ -250,7 +255,7 @@ def _scan(
     notes: list[str],
     explain: Explain | None,
     searched: bool,
-) -> HolderScan:
+) -> LeakHolderScan:
     groups: dict[tuple[str, str, str, bool], list[_Target]] = {}
     for target in targets:
         if not target.path:
@@ -274,7 +279,7 @@ def _scan(
     ]
     holders.sort(key=holder_order)
     found = sum(t.nbytes for t in targets if not t.kind.startswith("C++"))
-    return HolderScan(tuple(holders), tuple(notes), found)
+    return LeakHolderScan(tuple(holders), tuple(notes), found)
 
 
 # ---------------------------------------------------------------------------
@@ -490,12 +495,7 @@ def _through_note(through: set[str]) -> str:
 
 
 def _is_library(module: str) -> bool:
-    top = module.split(".", 1)[0]
-    if top in _LIBRARY_ROOTS:
-        return True
-    found = sys.modules.get(top)
-    path = str(getattr(found, "__file__", "") or "")
-    return "site-packages" in path or "dist-packages" in path or top in sys.stdlib_module_names
+    return FrameFilter.default().is_library_module(module)  # the one rule, in stacks.py
 
 
 def _is_test_instance(obj: object) -> bool:

@@ -26,7 +26,7 @@ from pytest_cuda.leak_blocks import find_block_holders
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from pytest_cuda.leak_holders import HolderScan
+    from pytest_cuda.leak_holders import LeakHolderScan
 
 __all__ = ["HISTORY_MAX_ENTRIES", "StackRecording", "attribute", "holders_of"]
 
@@ -88,11 +88,11 @@ def attribute(
     objects: Sequence[object] | None = None,
     budget_s: float | None = None,
     frozen_before: int | None = None,
-) -> tuple[tuple[StackGroup, ...], HolderScan]:
+) -> tuple[tuple[StackGroup, ...], LeakHolderScan]:
     """The blocks alive now on ``devices`` that were allocated since ``start_us`` (see
     :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
     who holds them (:func:`holders_of`, over ``objects`` and within ``budget_s``;
-    ``frozen_before``: see :func:`~pytest_cuda.leak_holders.find_holders`)."""
+    ``frozen_before``: see :func:`~pytest_cuda.leak_holders.find_leak_holders`)."""
     wanted = set(devices)
     found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
     blocks = [b for b in found if b.device in wanted]
@@ -111,7 +111,7 @@ def holders_of(
     objects: Sequence[object] | None = None,
     budget_s: float | None = None,
     frozen_before: int | None = None,
-) -> HolderScan:
+) -> LeakHolderScan:
     """Who holds the live tensors whose storage lies in ``blocks``: the tensors are
     looked for among ``objects`` (default: the whole heap), the walk up goes through
     the whole heap (for tests already judged leaking only); see

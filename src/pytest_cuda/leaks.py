@@ -41,7 +41,7 @@ from pytest_cuda.leak_stacks import StackRecording, attribute
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from pytest_cuda.leak_holders import HolderScan
+    from pytest_cuda.leak_holders import LeakHolderScan
 
 __all__ = [
     "FULL_COLLECTION",
@@ -198,7 +198,7 @@ class LeakResult:
     released: tuple[Release, ...] = ()
     stacks: tuple[StackGroup, ...] | None = None
     stack_note: str = ""
-    holders: HolderScan | None = None
+    holders: LeakHolderScan | None = None
     rerun: Rerun | None = None
 
     @property

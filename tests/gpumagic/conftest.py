@@ -1,13 +1,13 @@
 """A fresh, real IPython shell per test, with gpumagic loaded; the same shell with the
 fake GPU of :mod:`fake_cuda` (``gpu``), or on a real GPU with torch in use
-(``gpu_shell``); the timing engine's stand-in seam of :mod:`fake_timing` (``seam``)."""
+(``gpu_shell``); the timing engine's stand-in seam of :mod:`fake_runtime` (``seam``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import pytest
-from fake_timing import FakeSeam
+from fake_runtime import FakeSeam
 
 from fake_cuda import FakeAllocator, MiB
 
@@ -54,5 +54,5 @@ def gpu_shell(shell: InteractiveShell) -> Iterator[InteractiveShell]:
 
 @pytest.fixture
 def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
-    """:class:`fake_timing.FakeSeam` in place of ``gpumagic.cuda`` in the timing engine."""
+    """:class:`fake_runtime.FakeSeam` in the seam, for the timing engine."""
     return FakeSeam().install(monkeypatch)

@@ -1,6 +1,6 @@
 """The %lprun core through plain calls, with a pretend asynchronous GPU.
 
-The fake device (``fake_cuda_device.py``) is swapped in through the GPU seam, so these
+The fake device (``fake_runtime.py``) is swapped in through the GPU seam, so these
 tests check the attribution logic on any Python: 3.11 here (the trace-function hook),
 3.12 on the GPU machine (the sys.monitoring hook).
 """
@@ -15,7 +15,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fake_cuda_device import FakeDevice
+from fake_runtime import FakeDevice
 from line_profiler import LineProfiler
 
 from fake_cuda import install

@@ -13,7 +13,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fake_cuda_device import FakeDevice
+from fake_runtime import FakeDevice
 from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.error import UsageError
 from line_profiler import LineStats

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fake_timing import FakeSeam, cold_body, counting
+from fake_runtime import FakeSeam, cold_body, counting
 
+from fake_cuda import install
 from gpumagic import cuda
 from gpumagic import timing_checks as checks
 from gpumagic.cuda import clocks, discovery
@@ -305,11 +306,13 @@ def test_timer_cupti_makes_cupti_the_headline_with_events_beside(seam: FakeSeam)
     assert "gaps" in text
 
 
-def test_timer_cupti_falls_back_to_events_and_says_so(seam: FakeSeam) -> None:
+def test_timer_cupti_falls_back_to_events_and_says_so(
+    seam: FakeSeam, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(*args: Any, **kwargs: Any) -> cuda.KernelProfile:
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
 
-    seam.profile_kernels = broken  # type: ignore[method-assign]
+    install(monkeypatch, profile_kernels=broken)
     result = time_cuda(counting(seam, 100e-6), TimingOptions(budget=0.1, timer="cupti"))
     assert result.timer == "events"
     assert result.kernel_time is None

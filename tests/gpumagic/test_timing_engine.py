@@ -1,8 +1,8 @@
 """The measurement engine through plain calls: on the host (this machine), and its GPU
 branches against a stand-in for the GPU seam whose "events" read the host clock.
 
-The stand-in only replaces the seam (``gpumagic.cuda``) where the engine's modules use
-it; the real GPU runs of the same branches are in ``test_timing_gpu.py``.
+The stand-in (``fake_runtime.FakeSeam``) is put in the seam (``gpumagic.cuda``) as every
+fake is; the real GPU runs of the same branches are in ``test_timing_gpu.py``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fake_clock import FakeClock
-from fake_timing import FakeSeam, counting, sleeper
+from fake_runtime import FakeClock, FakeSeam, counting, sleeper
 
+from fake_cuda import install
 from gpumagic import cuda, cuda_errors, timing, timing_plan
 from gpumagic.cuda import runtime
 from gpumagic.timing import TimingOptions, time_cuda
@@ -359,7 +359,9 @@ def test_kernels_pass_gives_busy_fraction_and_verdict(seam: FakeSeam) -> None:
     assert result.cupti_ratio is None
 
 
-def test_validate_reports_events_over_cupti(seam: FakeSeam) -> None:
+def test_validate_reports_events_over_cupti(
+    seam: FakeSeam, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seam.fixed_span = 2e-3  # every event interval, so every run, takes 2 ms
 
     def profile(
@@ -370,7 +372,7 @@ def test_validate_reports_events_over_cupti(seam: FakeSeam) -> None:
         busy = 0.99 * seam.fixed_span * 1e6  # CUPTI sees 99 % of the run's span as kernels
         return cuda.KernelProfile(busy, busy, (("k", 1, busy),), 0)
 
-    seam.profile_kernels = profile  # type: ignore[method-assign]
+    install(monkeypatch, profile_kernels=profile)
     result = time_cuda(counting(seam, 1e-6), TimingOptions(budget=0.2, validate=True))
     assert result.cupti_ratio == pytest.approx(1 / 0.99)
     assert result.cupti_events_time == pytest.approx(2e-3 / result.kernel_loops)

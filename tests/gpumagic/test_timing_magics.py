@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fake_clock import FakeClock
+from fake_runtime import FakeClock
 from IPython.core.error import UsageError
 
 from gpumagic import cuda, timing

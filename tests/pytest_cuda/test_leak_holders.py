@@ -18,7 +18,7 @@ import torch
 
 from gpumagic.stacks import Block, Frame, blocks_from_segments
 from pytest_cuda.leak_blocks import GRAPH_POOL, UNSHOWN, find_block_holders
-from pytest_cuda.leak_holders import LIBRARY, HolderScan, find_holders
+from pytest_cuda.leak_holders import LIBRARY, LeakHolderScan, find_leak_holders
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -37,15 +37,15 @@ def blob_facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
     return None
 
 
-def scan() -> HolderScan:
+def scan() -> LeakHolderScan:
     objects = gc.get_objects()
     try:
-        return find_holders(objects, blob_facts)
+        return find_leak_holders(objects, blob_facts)
     finally:
         del objects
 
 
-def only(result: HolderScan) -> tuple[str, str, str]:
+def only(result: LeakHolderScan) -> tuple[str, str, str]:
     assert len(result.holders) == 1, result
     holder = result.holders[0]
     return holder.path, holder.kind, holder.note
@@ -104,7 +104,7 @@ def test_a_leaked_object_frozen_itself_is_found_though_no_list_shows_it(
     module.KEEP = {"w": Blob(128)}  # type: ignore[attr-defined]
     gc.freeze()
     try:
-        found = find_holders([], blob_facts)  # no object listed: the leaked one is frozen
+        found = find_leak_holders([], blob_facts)  # no object listed: the leaked one is frozen
     finally:
         gc.unfreeze()
     assert only(found)[:2] == ("mymod.KEEP['w']", "module global")
@@ -119,7 +119,7 @@ def test_frozen_objects_not_searched_in_time_are_said_to_hide_a_holder(
     try:
         module.KEEP.append(Blob(64))  # type: ignore[attr-defined]
         objects = gc.get_objects()
-        found = find_holders(objects, blob_facts, budget_s=1e-9)
+        found = find_leak_holders(objects, blob_facts, budget_s=1e-9)
         del objects
     finally:
         gc.unfreeze()
@@ -221,7 +221,7 @@ def test_an_autograd_graph_holds_its_saved_tensors(module: types.ModuleType) -> 
         return None
 
     objects = gc.get_objects()
-    found = find_holders(objects, saved)
+    found = find_leak_holders(objects, saved)
     del objects
     path, kind, _ = only(found)
     assert path.startswith("mymod.LOSS.grad_fn (SumBackward0).next_functions[0][0] (MulBackward0)")
@@ -245,7 +245,7 @@ def test_objects_that_raise_do_not_stop_the_walk(module: types.ModuleType) -> No
         return blob_facts(obj)
 
     objects = gc.get_objects()
-    found = find_holders(objects, facts)
+    found = find_leak_holders(objects, facts)
     del objects
     path, kind, _ = only(found)
     assert (path, kind) == ("mymod.TRAP[1]", "module global")
@@ -255,7 +255,7 @@ def test_a_broken_facts_function_is_noted_not_raised() -> None:
     def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
         raise ValueError("bad facts")
 
-    found = find_holders([Blob(1)], facts)
+    found = find_leak_holders([Blob(1)], facts)
     assert found.holders == ()
     # (A note on objects frozen by gc.freeze() may come first: torch freezes some.)
     assert found.notes[-1] == "no Python tensor object shows the leaked blocks"
@@ -268,6 +268,15 @@ def test_a_library_global_is_a_library_cache() -> None:
         assert (path, kind) == ("functools._gpumagic_test_cache['k']", "library cache")
     finally:
         del functools._gpumagic_test_cache  # type: ignore[attr-defined]
+
+
+def test_an_installed_package_s_global_is_a_library_cache(module: types.ModuleType) -> None:
+    """The walk asks stacks.FrameFilter's rule: site-packages is a library's."""
+    module.__file__ = "/venv/lib/python3.12/site-packages/mymod/__init__.py"
+    module.KEEP = [Blob(64)]  # type: ignore[attr-defined]
+    assert only(scan())[:2] == ("mymod.KEEP[0]", LIBRARY)
+    module.__file__ = "/home/me/project/mymod.py"
+    assert only(scan())[:2] == ("mymod.KEEP[0]", "module global")
 
 
 def test_the_largest_holder_comes_first(module: types.ModuleType) -> None:

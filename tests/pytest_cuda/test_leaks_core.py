@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import types
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fake_cuda import FakeAllocator
-from gpumagic import cuda
+from gpumagic import cuda, stacks
 from gpumagic.stacks import (
     Block,
     Frame,
@@ -304,6 +305,47 @@ def test_frame_filter_tells_user_code_from_libraries() -> None:
     assert FrameFilter.default().is_user(__file__)
     assert not FrameFilter.default().is_user(pytest.__file__)
     assert not FrameFilter.default().is_user(leaks.__file__)
+
+
+def test_one_rule_says_what_code_is_a_library_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames (by file) and the leak walk's roots (by module name) are judged by the
+    same rule: an installed package is the user's to look at in a stack, and its
+    globals are a library's cache, kept by design."""
+    import _pytest.fixtures
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    code = FrameFilter(["/opt/torch"], [stdlib])
+    installed = "/venv/lib/python3.12/site-packages/modelzoo/layers.py"
+    for name, path in (("mymodel", USER), ("modelzoo", installed), ("no_file_here", None)):
+        made = types.ModuleType(name)
+        if path is not None:
+            made.__file__ = path
+        monkeypatch.setitem(sys.modules, name, made)
+    # (file or None, module name): kind; then is_user(file), is_library_module(name).
+    answers = {
+        "a user's module": (USER, "mymodel", stacks.USER, True, False),
+        "a site-packages package": (installed, "modelzoo.layers", stacks.INSTALLED, True, True),
+        "the standard library": (
+            os.path.join(stdlib, "contextlib.py"),
+            "contextlib",
+            stacks.LIBRARY,
+            False,
+            True,
+        ),
+        "torch": ("/opt/torch/nn/modules/module.py", "torch.nn", stacks.LIBRARY, False, True),
+        "a module with no __file__": (None, "no_file_here", stacks.USER, None, False),
+        "a built-in module (no __file__)": (None, "sys", stacks.LIBRARY, None, True),
+    }
+    for what, (path, name, kind, user, library) in answers.items():
+        assert code.kind_of_module(name) == kind, what
+        assert code.is_library_module(name) is library, what
+        if path is not None:
+            assert code.kind_of_file(path) == kind, what
+            assert code.is_user(path) is user, what
+    # _pytest: by its name, and by its file where it is imported.
+    assert code.kind_of_module("_pytest.fixtures") == stacks.LIBRARY
+    assert FrameFilter.default().kind_of_file(_pytest.fixtures.__file__) == stacks.LIBRARY
+    assert not FrameFilter.default().is_user(_pytest.fixtures.__file__)
 
 
 def test_frames_are_shown_relative_to_the_root() -> None:

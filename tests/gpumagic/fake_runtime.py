@@ -1,25 +1,49 @@
-"""A stand-in for the GPU seam as the ``%cudatime`` engine uses it, whose "events" read
-the host clock (logic tests only; the real GPU runs are ``test_timing*_gpu.py``).
+"""The seam's runtime faked for the logic tests (the real GPU runs: ``*_gpu.py``).
 
-It replaces ``gpumagic.cuda`` only in the engine's modules (:meth:`FakeSeam.install`,
-the ``seam`` fixture of ``conftest.py``). The SM clock it reports comes from
-``clocks``: none means NVML is not there.
+:class:`FakeSeam` is a GPU as the ``%cudatime`` engine meets it: the host does a body's
+work (:func:`sleeper`), so its events read the host clock; its SM clock comes from
+``clocks`` (none: no NVML). :class:`FakeDevice` is an asynchronous GPU for ``%lprun``:
+``launch(seconds)`` queues work and returns at once, ``synchronize`` and ``item`` wait
+in real time, and its events carry the work launched before them, so spans between
+events are what the GPU worked however late a loaded host records them. Both are put
+in the seam as every fake is (:func:`fake_cuda.install`). :class:`FakeClock` is a host
+clock for the engine (``monkeypatch.setattr(timing, "time", clock)``) that advances
+only when told to: sizing, stopping and statistics are exact on a loaded machine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpumagic import cuda, timing, timing_passes, timing_runs
+from fake_cuda import install
+from gpumagic import cuda
 from gpumagic.devices import CudaStatus, DeviceInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     import pytest
+
+
+class FakeClock:
+    """A host clock that advances only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def body(self, seconds: float) -> Callable[[], None]:
+        """A body that takes exactly ``seconds`` on this clock."""
+        return lambda: self.advance(seconds)
 
 
 def sleeper(seconds: float) -> Callable[[], None]:
@@ -31,9 +55,10 @@ def sleeper(seconds: float) -> Callable[[], None]:
     return body
 
 
-@dataclass
+@dataclass(frozen=True)
 class FakeEvent:
-    t: float
+    at: float  # the host time at which the GPU passes the event
+    gpu: float = 0.0  # FakeDevice: seconds of work launched before it
 
 
 @dataclass
@@ -47,23 +72,28 @@ class FakeBuffer:
 
 @dataclass
 class FakeSeam:
-    """The functions of ``gpumagic.cuda`` the engine uses, with host-clock events."""
+    """The functions of ``gpumagic.cuda`` the timing engine uses, with host-clock events."""
 
     initialized: bool = True
-    side_delay: float = 0.0
     pending: float = 0.0
     capture_error: str | None = None
     busy_us: float = 100.0
     syncs_per_call: int = 0
-    code_files: tuple[str, ...] = ()
     log: list[str] = field(default_factory=list)
+    clock: Callable[[], float] = time.perf_counter  # what events and waits go by
+    wait: Callable[[float], None] = time.sleep
+    calls: int = 0
+    fixed_span: float = 0.0
+    slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
+    ticks: float = 0.0
+    split_runs: bool = True  # CUPTI's record splits into the profiled runs
+    clocks: list[tuple[int, int | None]] = field(default_factory=list)  # (MHz, reasons)
+    clock_reads: int = 0
+    default_mhz: int | None = 1980
+    flushed: bool = False
 
-    GraphCaptureError = cuda.GraphCaptureError
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
-        """Stand in for ``gpumagic.cuda`` where the engine's modules use it."""
-        for module in (timing, timing_runs, timing_passes):  # the entry point, runs, passes
-            monkeypatch.setattr(module, "cuda", self)
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+        install(monkeypatch, self)
         return self
 
     def status(self) -> CudaStatus:
@@ -109,7 +139,7 @@ class FakeSeam:
         return FakeEvent(self.clock())
 
     def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
-        return (end.t - start.t) * 1e3
+        return (end.at - start.at) * 1e3
 
     def current_streams(self, devices: Iterable[int]) -> list[str]:
         return ["stream"]
@@ -144,13 +174,11 @@ class FakeSeam:
     ) -> cuda.KernelProfile:
         warm()
         self.log.append("profile")
-        self.log_len_before = len(self.log)
         for _ in range(steps):
             run()
-        removed = flushes
         busy = self.busy_us * steps
         runs = (self.busy_us,) * steps if steps > 1 and self.split_runs else ()
-        return cuda.KernelProfile(busy, None, (("kernel", steps, busy),), removed, runs)
+        return cuda.KernelProfile(busy, None, (("kernel", steps, busy),), flushes, runs)
 
     def sm_clock(self, device: int) -> cuda.SmClock | None:
         """The next of ``clocks`` (``None``: no NVML here), the last one once they run out."""
@@ -169,18 +197,6 @@ class FakeSeam:
         files = list(code_files) or ["<f>"]
         n = (self.calls - calls_before) * self.syncs_per_call
         return [cuda.SyncEvent("Tensor.item", files[0], 3)] * n
-
-    clock: Callable[[], float] = time.perf_counter  # what events and waits go by
-    wait: Callable[[float], None] = time.sleep
-    calls: int = 0
-    fixed_span: float = 0.0
-    slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
-    ticks: float = 0.0
-    split_runs: bool = True  # CUPTI's record splits into the profiled runs
-    clocks: list[tuple[int, int | None]] = field(default_factory=list)  # (MHz, reasons)
-    clock_reads: int = 0
-    default_mhz: int | None = 1980
-    flushed: bool = False
 
 
 def counting(seam: FakeSeam, seconds: float) -> Callable[[int], None]:
@@ -204,3 +220,78 @@ def cold_body(seam: FakeSeam, seconds: float, cold: float) -> Callable[[int], No
             seam.flushed = False
 
     return run
+
+
+@dataclass
+class FakeDevice(FakeSeam):
+    """An asynchronous GPU for ``%lprun``: the work launched is its clock."""
+
+    free_at: float = 0.0
+    launched: float = 0.0  # seconds of work launched so far: the pretend GPU's clock
+    capturing: bool = False
+    debug_mode: int = 0
+    allocated: int = 0
+    peak: int = 0
+    total_allocated: int = 0
+    total_freed: int = 0
+    syncs: int = 0
+    sync_error: Exception | None = None
+    debug_modes_set: list[int] = field(default_factory=list)
+
+    def launch(self, seconds: float) -> None:
+        """Queue ``seconds`` of GPU work; returns at once."""
+        self.free_at = max(self.free_at, time.perf_counter()) + seconds
+        self.launched += seconds
+
+    def item(self) -> float:
+        """A hidden synchronization, like ``tensor.item()``."""
+        if self.debug_mode == 1:
+            warnings.warn(cuda.SYNC_WARNING_MESSAGE, UserWarning, stacklevel=2)
+        self._wait()
+        return 0.0
+
+    def alloc(self, size: int) -> None:
+        self.allocated += size
+        self.total_allocated += size
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, size: int) -> None:
+        self.allocated -= size
+        self.total_freed += size
+
+    def _wait(self) -> None:
+        remaining = self.free_at - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def synchronize(self, devices: Iterable[int] | None = None) -> None:
+        if self.sync_error is not None:
+            raise self.sync_error
+        assert devices == (0,)
+        self.syncs += 1
+        self._wait()
+
+    def record_event(self, device: int | None = None) -> FakeEvent:
+        return FakeEvent(max(self.free_at, time.perf_counter()), self.launched)
+
+    def event_completed(self, event: FakeEvent) -> bool:
+        return time.perf_counter() >= event.at
+
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
+        return (end.gpu - start.gpu) * 1e3
+
+    def visible_device_total(self) -> int:
+        return 1
+
+    def stream_is_capturing(self) -> bool:
+        return self.capturing
+
+    def allocation_marks(self, device: int) -> tuple[int, int, int, int]:
+        return self.allocated, self.peak, self.total_allocated, self.total_freed
+
+    def get_sync_debug_mode(self) -> int:
+        return self.debug_mode
+
+    def set_sync_debug_mode(self, mode: int) -> None:
+        self.debug_modes_set.append(mode)
+        self.debug_mode = mode
