@@ -339,7 +339,8 @@ def test_sync_markers_with_arguments_are_errors(
         test_typo=f"import pytest\n\n@pytest.mark.{marker}\ndef test_a():\n    pass\n\n"
         "@pytest.mark.cuda_sync\ndef test_b():\n    pass\n"
     )
-    result = pytester.runpytest()
+    # -rN: no short summary, which repeats the message (untruncated where $CI is set).
+    result = pytester.runpytest("-rN")
     result.assert_outcomes(passed=1, errors=1)
     name = "test_typo.py::test_a"
     result.stdout.fnmatch_lines(
