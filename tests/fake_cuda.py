@@ -1,30 +1,42 @@
-"""The seam's allocator in miniature, and the one way tests put a fake in the seam.
+"""The one way tests put a fake in the seam, and the fakes of its facilities.
 
 :func:`install` replaces :mod:`gpumagic.cuda`'s functions until a ``pytest.MonkeyPatch``
-is undone. :class:`FakeAllocator` is torch's caching allocator on made-up devices:
-counters, library caches (cuBLAS, cuFFT, streams, torch.compile), stack recording with
-the ring of events, snapshots, and NVML's view of this process and others. Its
+is undone. :class:`FakeMachine` is discovery's made-up machine: a pynvml stand-in with its
+boards, their memory, processes and SM clocks, and torch's version file, put in the seam's
+one hook (``discovery._machine``), so discovery and NVML's readings run for real on it.
+Planted plugin suites copy this file and call :func:`install_planted` at import (the
+machine in ``$PYTEST_CUDA_FAKE_GPUS``: ``{"torch": "2.11.0+cu130", "cuda": "13.0",
+"driver": "580.95.05", "boards": [board(0), …]}``; ``"cuda": null`` is a CPU-only torch,
+``"boards": []`` a driver without GPUs). :class:`FakeAllocator` is torch's caching
+allocator on such a machine: counters, library caches (cuBLAS, cuFFT, streams,
+torch.compile), stack recording with the ring of events, snapshots; its
 :meth:`~FakeAllocator.tensor` frees its block when the object dies, so a leak is a tensor
-kept alive, as on a GPU. gpumagic's memory magics and pytest_cuda's leak checks run for
-real on top of it; planted suites copy this file and install one at import.
+kept alive, as on a GPU. The runtime's fake is ``tests/gpumagic/fake_runtime.py``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
-from gpumagic.devices import CudaStatus, DeviceInfo
+from gpumagic.cuda import discovery
+from gpumagic.devices import DeviceInfo
 
 if TYPE_CHECKING:
     import pytest
 
 MiB = 2**20
-GiB = 2**30
+GiB = GIB = 2**30
+H200_TOTAL = 150_754_820_096  # what NVML reports for an H200 (140.4 GiB)
+CPU_BUILD = {"boards": [], "cuda": None, "torch": "2.11.0+cpu"}
+CPU_BUILD_REASON = "torch 2.11.0+cpu was built without CUDA (a CPU-only build)"
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: object = None, /, **functions: Any) -> None:
@@ -34,6 +46,158 @@ def install(monkeypatch: pytest.MonkeyPatch, fake: object = None, /, **functions
     names = {n for c in type(fake).__mro__ for n in vars(c) if n[0] != "_" and hasattr(cuda, n)}
     for name, function in ({n: getattr(fake, n) for n in names} | functions).items():
         monkeypatch.setattr(cuda, name, function)
+
+
+def board(i: int, name: str = "NVIDIA H200", *, total: int = H200_TOTAL, **more: Any) -> dict:
+    """One made-up board, ``GPU-fake-<i>``; ``more``: ``free`` (when idle; default all but
+    1 GiB), ``capability``, ``migs`` (boards), ``uuid``, ``reserved`` (by the driver)."""
+    found = {"name": name, "uuid": f"GPU-fake-{i}", "total": total, "free": total - GIB}
+    return found | {"capability": [9, 0], "migs": [], "reserved": None} | more
+
+
+def h200s(count: int) -> list[dict[str, Any]]:
+    return [board(i) for i in range(count)]
+
+
+class NVMLError(Exception):
+    """Raised where real NVML raises (no MIG mode, unknown handle, no clock)."""
+
+
+class FakeMachine:
+    """The pynvml calls the seam makes, answered from ``boards``; ``own(i)`` is this
+    process's use of board ``i`` (``None``: no context), ``others`` other processes'."""
+
+    NVMLError, NVML_CLOCK_SM, nvmlMemory_v2 = NVMLError, 0, 2
+
+    def __init__(
+        self, boards: list[dict[str, Any]], driver: str | None = "580.95.05", **versions: Any
+    ):
+        self.boards = [self._handle(i, b) for i, b in enumerate(boards)]
+        self.driver, self.nvml, self.list_self = driver, True, True
+        self.versions = {"torch": "2.11.0+cu130", "cuda": "13.0"} | versions
+        self.own: Any = lambda i: None
+        self.others: dict[int, list[tuple[int, int | None]]] = {}
+        self.clocks: list[tuple[int, int | None]] = []  # (MHz, reasons) read in turn
+        self.clock_reads, self.default_mhz = 0, 1980
+
+    def _handle(self, i: int, b: dict[str, Any]) -> SimpleNamespace:
+        b = {"free": b["total"], "migs": [], "reserved": None} | b
+        migs = [self._handle(-1, m) for m in b["migs"]]
+        return SimpleNamespace(**b | {"index": i, "migs": migs})
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeMachine:
+        monkeypatch.setattr(discovery, "_machine", (self, self.versions))
+        if not self.nvml:  # a driver without NVML's library: no readings
+            install(monkeypatch, nvml_memory_info=self._missing, nvml_processes=self._missing)
+        cuda.reset_status_cache()
+        return self
+
+    def _missing(self, device: DeviceInfo) -> None:
+        raise cuda.CudaUnavailable("NVML is not available (no NVIDIA driver library)")
+
+    def nvmlSystemGetDriverVersion(self) -> str | None:
+        return self.driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.boards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimpleNamespace:
+        return self.boards[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> SimpleNamespace:
+        found = [h for b in self.boards for h in (b, *b.migs) if h.uuid == uuid.decode()]
+        if not found:
+            raise NVMLError(f"no device {uuid.decode()}")
+        return found[0]
+
+    def nvmlDeviceGetName(self, handle: SimpleNamespace) -> str:
+        return handle.name
+
+    def nvmlDeviceGetUUID(self, handle: SimpleNamespace) -> bytes:
+        return handle.uuid.encode()
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: SimpleNamespace) -> tuple[int, int]:
+        return tuple(handle.capability)  # type: ignore[return-value]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: SimpleNamespace) -> int:
+        if not handle.migs:
+            raise NVMLError("MIG mode is not enabled")
+        return len(handle.migs)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> SimpleNamespace:
+        return handle.migs[index]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: SimpleNamespace) -> list[Any]:
+        procs = list(self.others.get(handle.index, []))
+        if self.own(handle.index) is not None and self.list_self:
+            procs.append((os.getpid(), self.own(handle.index)))
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in procs]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: SimpleNamespace) -> list[Any]:
+        return []
+
+    def nvmlDeviceGetMemoryInfo(self, handle: SimpleNamespace, version: int = 1) -> Any:
+        """v1: ``used`` counts the driver's reservation; v2 (where the board says what it
+        reserves): ``used`` does not, and ``reserved`` says it."""
+        if version == 2 and handle.reserved is None:
+            raise TypeError("no v2 memory query here")
+        reserved = handle.reserved or 0
+        used = handle.total - handle.free - reserved + (self.own(handle.index) or 0)
+        used += sum(u or 0 for _, u in self.others.get(handle.index, []))
+        free = handle.total - used - reserved
+        used += reserved if version == 1 else 0
+        return SimpleNamespace(total=handle.total, used=used, free=free, reserved=reserved)
+
+    def nvmlDeviceGetClockInfo(self, handle: SimpleNamespace, kind: int) -> int:
+        """The next of ``clocks`` (none: NVML cannot read it), the last once they run out."""
+        if not self.clocks:
+            raise NVMLError("no clock here")
+        self.clock_reads += 1
+        return self.clocks[min(self.clock_reads, len(self.clocks)) - 1][0]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimpleNamespace) -> int:
+        reasons = self.clocks[min(self.clock_reads, len(self.clocks)) - 1][1]
+        if reasons is None:
+            raise NVMLError("no reasons here")
+        return reasons
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle: Any, kind: int) -> int:
+        if self.default_mhz is None:
+            raise NVMLError("no default clock here")
+        return self.default_mhz
+
+
+def install_planted() -> FakeMachine:
+    """Put the machine in ``$PYTEST_CUDA_FAKE_GPUS`` in the seam for good (a planted
+    suite's ``conftest.py``, at import: the outer test puts the seam back)."""
+    import pytest
+
+    spec = json.loads(os.environ["PYTEST_CUDA_FAKE_GPUS"])
+    return FakeMachine(spec.pop("boards"), **spec).install(pytest.MonkeyPatch())
+
+
+@dataclass(frozen=True)
+class StandInDevice:
+    """What ``torch.device("cuda", 1)`` is to the plugin's fixtures: a type, an index and
+    the text ``cuda:1``."""
+
+    type: str
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+def install_torch_stand_in() -> None:
+    """A stand-in for torch in ``sys.modules``, for planted runs about which devices each
+    xdist worker gets: the real torch costs 1.6 s of CPU per process, and the fixtures
+    only build device objects (the real ones: test_plugin_gpu.py on a GPU)."""
+    if "torch" in sys.modules:
+        return
+    torch = ModuleType("torch")
+    torch.device = StandInDevice  # type: ignore[attr-defined]
+    torch.cuda = SimpleNamespace(is_initialized=lambda: False)  # type: ignore[attr-defined]
+    sys.modules["torch"] = torch
 
 
 class FakeTensor:
@@ -61,11 +225,18 @@ class FakeAllocator:
             DeviceInfo(i, f"Fake H200 {i}", 140 * GiB, (9, 0), uuid=f"GPU-{i}", physical_index=i)
             for i in range(n)
         )
-        self.initialized, self.nvml, self.list_self = initialized, nvml, True
-        self.context, self.driver_reserved, self.unlisted = 500 * MiB, 512 * MiB, 64 * MiB
-        self.others = others if others is not None else {0: [(4242, GiB)]}
+        self.context, self.unlisted = 500 * MiB, 64 * MiB
+        kept = {"free": 140 * GiB - self.unlisted - 512 * MiB, "reserved": 512 * MiB}
+        boards = [
+            board(d.index, d.name, total=d.total_memory, uuid=d.uuid) | kept for d in self.devices
+        ]
+        self.machine = FakeMachine(boards, None, torch="2.11")  # a driver without a version
+        self.machine.own, self.machine.nvml = self._own, nvml
+        self.machine.others = others if others is not None else {0: [(4242, GiB)]}
+        self.initialized = initialized
         fields = cuda.AllocatorStats.__dataclass_fields__
         self.counters = [dict.fromkeys(fields, 0) for _ in self.devices]
+        self.freed = [0 for _ in self.devices]  # bytes freed ever
         self.blocks: dict[int, dict[str, Any]] = {}
         self.next_address = 0x7F00_0000_0000
         self.touched: set[int] = set()  # devices with a context
@@ -84,13 +255,12 @@ class FakeAllocator:
         self.awaiting: list[FakeTensor] = []
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
-        status = CudaStatus(
-            True, "", torch_version="2.11", cuda_version="13.0", devices=self.devices
-        )
+        """The machine and this allocator, whatever ``CUDA_VISIBLE_DEVICES`` said."""
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        self.machine.install(monkeypatch)
         install(
             monkeypatch,
             self,
-            status=lambda: status,
             is_initialized=lambda: self.initialized,
             visible_device_total=lambda: len(self.devices) if self.initialized else 0,
             devices_with_context=lambda: tuple(d.index for d in self.devices if self.initialized),
@@ -145,6 +315,7 @@ class FakeAllocator:
             device, size = block["device"], block["size"]
             self.counters[device]["allocated"] -= size
             self.counters[device]["requested"] -= block["requested"]
+            self.freed[device] += size
             self._event("free_requested", device, address, size, block["frames"])
             self._event("free_completed", device, address, size, block["frames"])
 
@@ -270,24 +441,12 @@ class FakeAllocator:
         device = f"cuda:{obj.device}"
         return cuda.TensorFacts((device, obj.address), obj.size, device, (obj.size,), "uint8")
 
-    # -- NVML --------------------------------------------------------------------------
+    def allocation_marks(self, device: int) -> tuple[int, int, int, int]:
+        c, freed = self.counters[device], self.freed[device]
+        return c["allocated"], c["peak_allocated"], c["allocated"] + freed, freed
 
     def _own(self, device: int) -> int | None:
-        if not self.nvml:
-            raise cuda.CudaUnavailable("NVML is not available (no NVIDIA driver library)")
+        """This process's use of ``device`` as NVML sees it: context and reserved blocks."""
         if not self.initialized or device not in self.touched:
             return None
         return self.context + self.counters[device]["reserved"]
-
-    def nvml_processes(self, device: DeviceInfo) -> list[tuple[int, int | None]]:
-        own = self._own(device.index)
-        procs = list(self.others.get(device.index, []))
-        if own is not None and self.list_self:
-            procs.append((os.getpid(), own))
-        return sorted(procs)
-
-    def nvml_memory_info(self, device: DeviceInfo) -> cuda.NvmlMemory:
-        used = (self._own(device.index) or 0) + self.unlisted
-        used += sum(u or 0 for _, u in self.others.get(device.index, []))
-        free = device.total_memory - used - self.driver_reserved
-        return cuda.NvmlMemory(device.total_memory, used, free, self.driver_reserved)

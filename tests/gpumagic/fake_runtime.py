@@ -1,14 +1,13 @@
 """The seam's runtime faked for the logic tests (the real GPU runs: ``*_gpu.py``).
 
 :class:`FakeSeam` is a GPU as the ``%cudatime`` engine meets it: the host does a body's
-work (:func:`sleeper`), so its events read the host clock; its SM clock comes from
-``clocks`` (none: no NVML). :class:`FakeDevice` is an asynchronous GPU for ``%lprun``:
-``launch(seconds)`` queues work and returns at once, ``synchronize`` and ``item`` wait
-in real time, and its events carry the work launched before them, so spans between
-events are what the GPU worked however late a loaded host records them. Both are put
-in the seam as every fake is (:func:`fake_cuda.install`). :class:`FakeClock` is a host
-clock for the engine (``monkeypatch.setattr(timing, "time", clock)``) that advances
-only when told to: sizing, stopping and statistics are exact on a loaded machine.
+work (:func:`sleeper`), so its events read the host clock; its board and SM clocks are a
+:class:`fake_cuda.FakeMachine`. :class:`FakeDevice` is an asynchronous GPU for ``%lprun``:
+``launch(seconds)`` queues work, ``synchronize`` and ``item`` wait in real time, and its
+events carry the work launched before them (what the GPU worked, however late a loaded
+host records them); its memory is a :class:`fake_cuda.FakeAllocator`. :class:`FakeClock`
+is a host clock for the engine (``monkeypatch.setattr(timing, "time", clock)``) that
+advances only when told to: sizing, stopping and statistics are exact on a loaded host.
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from fake_cuda import install
+from fake_cuda import FakeAllocator, FakeMachine, board, install
 from gpumagic import cuda
-from gpumagic.devices import CudaStatus, DeviceInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -62,15 +61,6 @@ class FakeEvent:
 
 
 @dataclass
-class FakeBuffer:
-    def numel(self) -> int:
-        return 32 << 20
-
-    def element_size(self) -> int:
-        return 4
-
-
-@dataclass
 class FakeSeam:
     """The functions of ``gpumagic.cuda`` the timing engine uses, with host-clock events."""
 
@@ -87,18 +77,16 @@ class FakeSeam:
     slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
     ticks: float = 0.0
     split_runs: bool = True  # CUPTI's record splits into the profiled runs
-    clocks: list[tuple[int, int | None]] = field(default_factory=list)  # (MHz, reasons)
-    clock_reads: int = 0
-    default_mhz: int | None = 1980
     flushed: bool = False
+    machine: FakeMachine = field(
+        default_factory=lambda: FakeMachine([board(0, "Fake GPU")], torch="2.x")
+    )
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        self.machine.install(monkeypatch)
         install(monkeypatch, self)
         return self
-
-    def status(self) -> CudaStatus:
-        device = DeviceInfo(0, "Fake GPU", 80 << 30, (9, 0))
-        return CudaStatus(True, "", devices=(device,), torch_version="2.x", cuda_version="13.0")
 
     def is_initialized(self) -> bool:
         return self.initialized
@@ -150,10 +138,10 @@ class FakeSeam:
     def device_peaks(self, device: int) -> cuda.DevicePeaks:
         return cuda.DevicePeaks("Fake GPU", 3.35e12)
 
-    def l2_flush_buffer(self, device: int) -> FakeBuffer:
-        return FakeBuffer()
+    def l2_flush_buffer(self, device: int) -> Any:
+        return SimpleNamespace(numel=lambda: 32 << 20, element_size=lambda: 4)
 
-    def flush_l2(self, buffer: FakeBuffer) -> None:
+    def flush_l2(self, buffer: Any) -> None:
         self.log.append("flush")
         self.flushed = True  # the next call finds its data out of L2 (see cold_body)
 
@@ -179,14 +167,6 @@ class FakeSeam:
         busy = self.busy_us * steps
         runs = (self.busy_us,) * steps if steps > 1 and self.split_runs else ()
         return cuda.KernelProfile(busy, None, (("kernel", steps, busy),), flushes, runs)
-
-    def sm_clock(self, device: int) -> cuda.SmClock | None:
-        """The next of ``clocks`` (``None``: no NVML here), the last one once they run out."""
-        if not self.clocks:
-            return None
-        self.clock_reads += 1
-        mhz, reasons = self.clocks[min(self.clock_reads, len(self.clocks)) - 1]
-        return cuda.SmClock(mhz, reasons, self.default_mhz)
 
     def catch_syncs(
         self, run: Callable[[], object], code_files: Iterable[str], *, is_user: Any
@@ -230,13 +210,17 @@ class FakeDevice(FakeSeam):
     launched: float = 0.0  # seconds of work launched so far: the pretend GPU's clock
     capturing: bool = False
     debug_mode: int = 0
-    allocated: int = 0
-    peak: int = 0
-    total_allocated: int = 0
-    total_freed: int = 0
+    gpu: FakeAllocator = field(default_factory=lambda: FakeAllocator(initialized=True))
     syncs: int = 0
     sync_error: Exception | None = None
     debug_modes_set: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.machine = self.gpu.machine  # one board, with its memory
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+        self.gpu.install(monkeypatch)  # the runtime is this class's
+        return super().install(monkeypatch)
 
     def launch(self, seconds: float) -> None:
         """Queue ``seconds`` of GPU work; returns at once."""
@@ -249,15 +233,6 @@ class FakeDevice(FakeSeam):
             warnings.warn(cuda.SYNC_WARNING_MESSAGE, UserWarning, stacklevel=2)
         self._wait()
         return 0.0
-
-    def alloc(self, size: int) -> None:
-        self.allocated += size
-        self.total_allocated += size
-        self.peak = max(self.peak, self.allocated)
-
-    def free(self, size: int) -> None:
-        self.allocated -= size
-        self.total_freed += size
 
     def _wait(self) -> None:
         remaining = self.free_at - time.perf_counter()
@@ -285,9 +260,6 @@ class FakeDevice(FakeSeam):
 
     def stream_is_capturing(self) -> bool:
         return self.capturing
-
-    def allocation_marks(self, device: int) -> tuple[int, int, int, int]:
-        return self.allocated, self.peak, self.total_allocated, self.total_freed
 
     def get_sync_debug_mode(self) -> int:
         return self.debug_mode

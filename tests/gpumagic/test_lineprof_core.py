@@ -143,12 +143,11 @@ def test_other_warnings_still_reach_the_user(dev: FakeDevice) -> None:
 
 def test_memory_delta_and_peak(dev: FakeDevice) -> None:
     def mem(dev: FakeDevice) -> None:
-        dev.alloc(100)
-        dev.alloc(300), dev.free(300)
-        dev.free(100)
+        block = dev.gpu.alloc(100)
+        dev.gpu.free(dev.gpu.alloc(300))
+        dev.gpu.free(block)
 
-    dev.alloc(10_000)
-    dev.free(10_000)  # the process-wide peak is far above what mem() reaches
+    dev.gpu.free(dev.gpu.alloc(10_000))  # the process-wide peak is far above what mem() reaches
     prof = profile(mem, dev, memory=True)
     ((_, extras),) = prof.result().extras.items()
     first = mem.__code__.co_firstlineno
@@ -156,12 +155,14 @@ def test_memory_delta_and_peak(dev: FakeDevice) -> None:
     assert (alloc.mem_delta, alloc.mem_peak, alloc.mem_peak_bound) == (100, 100, False)
     assert (temp.mem_delta, temp.mem_peak, temp.mem_peak_bound) == (0, 300, True)
     assert (free.mem_delta, free.mem_peak, free.mem_peak_bound) == (-100, 0, False)
-    assert dev.peak == 10_000  # the allocator's peak counter was not reset
+    assert (
+        dev.gpu.counters[0]["peak_allocated"] == 10_000
+    )  # the allocator's peak counter was not reset
 
 
 def test_memory_peak_is_exact_when_the_line_sets_a_new_peak(dev: FakeDevice) -> None:
     def temp(dev: FakeDevice) -> None:
-        dev.alloc(500), dev.free(500)
+        dev.gpu.free(dev.gpu.alloc(500))
 
     prof = profile(temp, dev, memory=True)
     ((_, extras),) = prof.result().extras.items()
@@ -409,14 +410,14 @@ def test_the_table_refreshes_only_files_on_disk(dev: FakeDevice) -> None:
     """Source that no file holds (a cell, generated code) is left as linecache has it:
     refreshing it would drop the entry, and the table would lose its lines."""
     name = "<generated: gpumagic refresh test>"
-    source = "def made(dev):\n    dev.alloc(64)\n    dev.free(64)\n"
+    source = "def made(dev):\n    dev.gpu.free(dev.gpu.alloc(64))\n"
     linecache.cache[name] = (len(source), 1.0, source.splitlines(True), name)
     try:
         namespace: dict[str, Any] = {}
         exec(compile(source, name, "exec"), namespace)
         prof = profile(namespace["made"], dev, memory=True)
         text = render_text(prof.result())
-        assert "dev.alloc(64)" in text
+        assert "dev.gpu.free(dev.gpu.alloc(64))" in text
         assert linecache.getlines(name) == source.splitlines(True)
     finally:
         linecache.cache.pop(name, None)

@@ -537,7 +537,7 @@ def test_gpu_and_memory_columns(shell: InteractiveShell, dev: FakeDevice) -> Non
         shell,
         """
         def work(dev):
-            dev.alloc(2 ** 20)
+            dev.gpu.alloc(2 ** 20)
             dev.launch(0.05)
             return dev.item()
         """,
@@ -549,7 +549,7 @@ def test_gpu_and_memory_columns(shell: InteractiveShell, dev: FakeDevice) -> Non
     assert "Total GPU time:" in run.text
     rows = run.table("work")
     alloc, launch, wait = (
-        rows["dev.alloc(2 ** 20)"],
+        rows["dev.gpu.alloc(2 ** 20)"],
         rows["dev.launch(0.05)"],
         rows["return dev.item()"],
     )

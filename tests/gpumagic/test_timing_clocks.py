@@ -182,7 +182,7 @@ def test_the_gaps_row_shows_with_kernel_figures() -> None:
 
 # -- through the engine, with a fake NVML ---------------------------------------------------
 def test_a_throttled_gpu_says_so_in_one_line(seam: FakeSeam) -> None:
-    seam.clocks = [(1395, POWER_CAP | IDLE), (1455, POWER_CAP), (1440, POWER_CAP)]
+    seam.machine.clocks = [(1395, POWER_CAP | IDLE), (1455, POWER_CAP), (1440, POWER_CAP)]
     result = time_cuda(counting(seam, 200e-6), TimingOptions(loops=5, repeat=6, warmup=0))
     assert result.clocks_mhz == (1395, 1440, 1455)
     assert result.default_clock_mhz == 1980
@@ -196,7 +196,7 @@ def test_a_throttled_gpu_says_so_in_one_line(seam: FakeSeam) -> None:
 
 
 def test_a_gpu_at_its_default_clock_gets_no_line(seam: FakeSeam) -> None:
-    seam.clocks = [(1980, IDLE)]
+    seam.machine.clocks = [(1980, IDLE)]
     result = time_cuda(counting(seam, 100e-6), TimingOptions(loops=5, repeat=5, warmup=0))
     assert result.clocks_mhz == (1980, 1980, 1980)
     assert result.at_default_clock == 1.0
@@ -207,7 +207,7 @@ def test_a_gpu_at_its_default_clock_gets_no_line(seam: FakeSeam) -> None:
 
 
 def test_without_nvml_the_clocks_are_unknown_and_nothing_is_said(seam: FakeSeam) -> None:
-    seam.clocks = []  # sm_clock answers None: no NVML here
+    seam.machine.clocks = []  # sm_clock answers None: no NVML here
     result = time_cuda(counting(seam, 100e-6), TimingOptions(loops=5, repeat=5, warmup=0))
     assert result.run_clocks_mhz == []
     assert result.clocks_mhz is None
@@ -219,16 +219,16 @@ def test_without_nvml_the_clocks_are_unknown_and_nothing_is_said(seam: FakeSeam)
 
 def test_no_clock_is_read_on_the_host(seam: FakeSeam) -> None:
     seam.initialized = False  # the body launched no GPU work
-    seam.clocks = [(1980, 0)]
+    seam.machine.clocks = [(1980, 0)]
     result = time_cuda(counting(seam, 50e-6), TimingOptions(loops=5, repeat=3, warmup=0))
     assert result.clock == "host"
-    assert seam.clock_reads == 0
+    assert seam.machine.clock_reads == 0
     assert result.run_clocks_mhz == []
 
 
 def off_clock_runs(seam: FakeSeam) -> None:
     # Sizing takes no reading: the runs read 1440, 1980 (a run before the cap bit), 1440...
-    seam.clocks = [(1440, POWER_CAP), (1980, 0)] + [(1440, POWER_CAP)] * 10
+    seam.machine.clocks = [(1440, POWER_CAP), (1980, 0)] + [(1440, POWER_CAP)] * 10
 
 
 def test_runs_off_the_median_clock_are_named_and_kept(seam: FakeSeam) -> None:
@@ -257,7 +257,7 @@ def test_clock_outliers_drop_leaves_them_out(seam: FakeSeam) -> None:
 
 
 def test_clock_outliers_drop_keeps_at_least_three_runs(seam: FakeSeam) -> None:
-    seam.clocks = [(1980, 0), (1440, POWER_CAP)]
+    seam.machine.clocks = [(1980, 0), (1440, POWER_CAP)]
     options = TimingOptions(loops=2, repeat=3, warmup=0, clock_outliers="drop")
     result = time_cuda(counting(seam, 100e-6), options)
     assert result.repeat == 3
@@ -287,7 +287,7 @@ def test_clock_outliers_drop_without_nvml_says_so(seam: FakeSeam) -> None:
 def test_timer_cupti_makes_cupti_the_headline_with_events_beside(seam: FakeSeam) -> None:
     seam.fixed_span = 2e-3  # every run on events: 2 ms
     seam.busy_us = 150.0  # CUPTI: 150 µs of kernels per profiled run
-    seam.clocks = [(1980, 0)]
+    seam.machine.clocks = [(1980, 0)]
     result = time_cuda(counting(seam, 1e-6), TimingOptions(budget=0.2, timer="cupti"))
     assert result.timer == "cupti"
     assert result.repeat == 7  # one per profiled run

@@ -1,4 +1,4 @@
-"""Helpers for the plugin's tests: a planted suite on a made-up machine (see fakenvml.py)."""
+"""Helpers for the plugin's tests: a planted suite on a made-up machine (see fake_cuda.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     FakeGpus = Callable[..., None]
 
 PLANTED_CONFTEST = """
-import fakenvml
+import fake_cuda
 
-fakenvml.install()
+fake_cuda.install_planted()
 """
 
 
@@ -53,12 +53,10 @@ def fake_gpus(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Fak
     and xdist workers alike); ``CUDA_VISIBLE_DEVICES`` starts unset. The seam's real
     discovery functions are put back after the test whatever the inner run did.
     """
-    monkeypatch.setattr(discovery, "_nvml", discovery._nvml)
-    monkeypatch.setattr(discovery, "_torch_version_file", discovery._torch_version_file)
+    monkeypatch.setattr(discovery, "_machine", discovery._machine)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("PYTEST_CUDA_DEVICES", raising=False)
-    source = (Path(__file__).parent / "fakenvml.py").read_text()
-    pytester.makepyfile(fakenvml=source)
+    pytester.makepyfile(fake_cuda=(Path(__file__).parents[1] / "fake_cuda.py").read_text())
     pytester.makeconftest(PLANTED_CONFTEST)
 
     def plant(
@@ -107,6 +105,8 @@ def planted(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Calla
     real functions are put back after the test whatever the inner run did."""
     for name in cuda.__all__:
         monkeypatch.setattr(cuda, name, getattr(cuda, name))
+    monkeypatch.setattr(discovery, "_machine", discovery._machine)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the fake's install drops it
     monkeypatch.delenv("LEAK_FAKE_DEVICES", raising=False)
     pytester.makepyfile(fake_cuda=(Path(__file__).parents[1] / "fake_cuda.py").read_text())
     pytester.makeconftest(LEAK_CONFTEST)

@@ -4,7 +4,7 @@ The planted suite runs for real: each test's function in two fresh rank processe
 all-reduce through gloo. A planted failure on rank 1 must be reported on rank 1 with its
 line; a planted hang (rank 0 skips the collective) must end at the test's timeout with
 both ranks' stacks; no rank process, nor one a rank started, may outlive its test. The
-NCCL backend's device rules are checked on a made-up machine (see fakenvml.py); the
+NCCL backend's device rules are checked on a made-up machine (see fake_cuda.py); the
 same tests on two real GPUs are in ``test_distributed_gpu.py``.
 """
 
@@ -16,9 +16,9 @@ import types
 from typing import TYPE_CHECKING
 
 import pytest
-from fakenvml import h200s
 from reports import skip_reasons
 
+from fake_cuda import h200s
 from pytest_cuda.distributed import (
     DistributedSpec,
     RankOutcome,

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from fakenvml import CPU_BUILD, CPU_BUILD_REASON, GIB, board, h200s
 from reports import skip_reasons
+
+from fake_cuda import CPU_BUILD, CPU_BUILD_REASON, GIB, board, h200s
 
 if TYPE_CHECKING:
     from conftest import FakeGpus
@@ -224,11 +225,11 @@ def test_api_for_the_other_modules(pytester: pytest.Pytester, fake_gpus: FakeGpu
     fake_gpus(h200s(3))
     pytester.makeconftest(
         """
-        import fakenvml
+        import fake_cuda
         import pytest
         from pytest_cuda.plugin import cuda_requirement, item_devices, selected_devices
 
-        fakenvml.install()
+        fake_cuda.install_planted()
 
         def pytest_configure(config):
             config.seen = []

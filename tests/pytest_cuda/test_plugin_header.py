@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fakenvml import CPU_BUILD, CPU_BUILD_REASON, board, h200s
-
+from fake_cuda import CPU_BUILD, CPU_BUILD_REASON, board, h200s
 from gpumagic import cuda
 
 if TYPE_CHECKING:
@@ -28,10 +27,10 @@ def test_gpu():
 CPU_TEST = "def test_cpu():\n    pass\n"
 
 COUNTING_CONFTEST = """
-import fakenvml
+import fake_cuda
 from gpumagic.cuda import discovery
 
-fakenvml.install()
+fake_cuda.install_planted()
 calls = []
 real = discovery._status_now
 discovery._status_now = lambda: calls.append(1) or real()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from fakenvml import CPU_BUILD, CPU_BUILD_REASON, GIB, board, h200s
 from reports import skip_reasons
 
+from fake_cuda import CPU_BUILD, CPU_BUILD_REASON, GIB, board, h200s
 from gpumagic import cuda
 
 if TYPE_CHECKING:

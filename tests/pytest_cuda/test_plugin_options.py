@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from fakenvml import CPU_BUILD, CPU_BUILD_REASON, board, h200s
+
+from fake_cuda import CPU_BUILD, CPU_BUILD_REASON, board, h200s
 
 if TYPE_CHECKING:
     from conftest import FakeGpus

@@ -3,7 +3,7 @@
 Every run here is a real ``pytest -n N`` in a subprocess on a made-up machine; the
 planted conftest makes each worker write down the environment it started with and the
 devices the plugin hands its tests. It stands in for torch too (see
-``fakenvml.install_torch_stand_in``): these runs are about which device each worker gets.
+``fake_cuda.install_torch_stand_in``): these runs are about which device each worker gets.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fakenvml import CPU_BUILD, board, h200s
 from reports import skip_reasons
+
+from fake_cuda import CPU_BUILD, board, h200s
 
 if TYPE_CHECKING:
     from conftest import FakeGpus
@@ -23,11 +24,11 @@ import json
 import os
 from pathlib import Path
 
-import fakenvml
+import fake_cuda
 from pytest_cuda.plugin import selected_devices
 
-fakenvml.install()
-fakenvml.install_torch_stand_in()
+fake_cuda.install_planted()
+fake_cuda.install_torch_stand_in()
 
 
 def pytest_sessionstart(session):

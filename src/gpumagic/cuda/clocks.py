@@ -33,8 +33,9 @@ class SmClock(NamedTuple):
 
 # Per device: its NVML handle and default clock, read once (a handle lookup by UUID
 # costs more than the two readings themselves). Keyed by the NVML module as well, so a
-# test's stand-in never sees a real handle.
-_STATIC: dict[tuple[int, DeviceInfo], tuple[Any, int | None]] = {}
+# test's stand-in never sees another's handle; the entry keeps the module alive, so its
+# id is never reused.
+_STATIC: dict[tuple[int, DeviceInfo], tuple[Any, int | None, Any]] = {}
 
 
 def _static(nvml: Any, device: DeviceInfo) -> tuple[Any, int | None]:
@@ -51,8 +52,8 @@ def _static(nvml: Any, device: DeviceInfo) -> tuple[Any, int | None]:
             if value > 0:
                 default = value
                 break
-        found = _STATIC[key] = (handle, default)
-    return found
+        found = _STATIC[key] = (handle, default, nvml)
+    return found[:2]
 
 
 def sm_clock(device: int) -> SmClock | None:

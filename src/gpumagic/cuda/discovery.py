@@ -51,8 +51,16 @@ class CudaUnavailable(RuntimeError):
     """CUDA work was asked for where none is possible; the message says why."""
 
 
+#: A test's made-up machine, ``(pynvml stand-in, torch's version file)``: discovery reads
+#: it instead of NVML and ``torch/version.py``. The one hook for tests (``tests/fake_cuda.py``
+#: sets it); ``None`` in real use.
+_machine: tuple[Any, dict[str, str | None]] | None = None
+
+
 def _torch_version_file() -> dict[str, str | None]:
     """``torch/version.py``'s ``__version__`` and ``cuda`` without importing torch."""
+    if _machine is not None:
+        return dict(_machine[1])
     if "torch" in sys.modules:
         module = sys.modules["torch"]
         version = getattr(module, "version", None)
@@ -76,9 +84,14 @@ def _torch_version_file() -> dict[str, str | None]:
     return found
 
 
-@functools.cache
 def _nvml() -> ModuleType | None:
-    """pynvml, initialised once; ``None`` when the library or the driver is missing."""
+    """pynvml, initialised once (a test's :data:`_machine` where one is set); ``None``
+    when the library or the driver is missing."""
+    return _load_nvml() if _machine is None else _machine[0]
+
+
+@functools.cache
+def _load_nvml() -> ModuleType | None:
     try:
         import pynvml
     except ImportError:
