@@ -214,7 +214,10 @@ def test_without_nvml_the_clocks_are_unknown_and_nothing_is_said(seam: FakeSeam)
     assert result.default_clock_mhz is None
     assert not result.throttled
     assert "MHz" not in result.text()
-    assert "clock" not in " ".join(result.warnings + result.notes)
+    # No clock is claimed (the generic spread warning, on a loaded host, may list "clock
+    # changes" among its possible causes: that is no reading).
+    said = [t for t in result.warnings + result.notes if not t.startswith("the spread is large")]
+    assert "clock" not in " ".join(said)
 
 
 def test_no_clock_is_read_on_the_host(seam: FakeSeam) -> None:
