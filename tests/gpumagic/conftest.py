@@ -1,10 +1,12 @@
 """A fresh, real IPython shell per test, with gpumagic loaded; the same shell with the
 fake GPU of :mod:`fake_cuda` (``gpu``), or on a real GPU with torch in use
-(``gpu_shell``); the timing engine's stand-in seam of :mod:`fake_runtime` (``seam``)."""
+(``gpu_shell``); the timing engine's stand-in seam of :mod:`fake_runtime` (``seam``);
+on a real GPU, torch with CUDA initialised (``torch``) and the spin kernel's rate
+(``cycles_per_ms``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fake_runtime import FakeSeam
@@ -56,3 +58,27 @@ def gpu_shell(shell: InteractiveShell) -> Iterator[InteractiveShell]:
 def seam(monkeypatch: pytest.MonkeyPatch) -> FakeSeam:
     """:class:`fake_runtime.FakeSeam` in the seam, for the timing engine."""
     return FakeSeam().install(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    """torch, with CUDA initialised. Real GPU only."""
+    import torch
+
+    torch.cuda.init()
+    return torch
+
+
+@pytest.fixture(scope="module")
+def cycles_per_ms(torch: Any) -> float:
+    """Spin-kernel cycles per millisecond at the clock the GPU runs now."""
+    torch.cuda._sleep(100_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rates = []
+    for _ in range(3):
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(20_000_000 / start.elapsed_time(end))
+    return sorted(rates)[1]

@@ -7,31 +7,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cudatime_call import cudatime
 
 from gpumagic.peaks import device_peak, flops_peak
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpumagic.timing_result import CudaTimeResult
 
 pytestmark = pytest.mark.cuda
 
 GiB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def torch() -> Any:
-    import torch
-
-    torch.cuda.init()
-    return torch
-
-
-def cudatime(shell: InteractiveShell, line: str) -> CudaTimeResult:
-    result = shell.run_line_magic("cudatime", f"-q -o {line}")
-    assert result is not None
-    return result  # type: ignore[no-any-return]
 
 
 def test_the_device_is_in_the_peak_table(torch: Any) -> None:

@@ -11,43 +11,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cudatime_call import cudatime
 
 from gpumagic import cuda
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpumagic.timing_result import CudaTimeResult
 
 pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(scope="module")
-def torch() -> Any:
-    import torch
-
-    torch.cuda.init()
-    return torch
-
-
-@pytest.fixture(scope="module")
-def cycles_per_ms(torch: Any) -> float:
-    torch.cuda._sleep(100_000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rates = []
-    for _ in range(3):
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        rates.append(10_000_000 / start.elapsed_time(end))
-    return sorted(rates)[1]
-
-
-def cudatime(shell: InteractiveShell, line: str) -> CudaTimeResult:
-    result = shell.run_line_magic("cudatime", f"-q -o {line}")
-    assert result is not None
-    return result  # type: ignore[no-any-return]
 
 
 def test_nvml_reads_the_clock_without_a_context(torch: Any) -> None:

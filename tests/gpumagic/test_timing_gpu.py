@@ -13,38 +13,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cudatime_call import cudatime
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpumagic.timing_result import CudaTimeResult
 
 pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(scope="module")
-def torch() -> Any:
-    import torch
-
-    torch.cuda.init()
-    return torch
-
-
-@pytest.fixture(scope="module")
-def cycles_per_ms(torch: Any) -> float:
-    """Spin-kernel cycles per millisecond at the clock the GPU runs now."""
-    torch.cuda._sleep(100_000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rates = []
-    for _ in range(3):
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-        rates.append(20_000_000 / start.elapsed_time(end))
-    return sorted(rates)[1]
 
 
 def cupti_per_call(torch: Any, fn: Callable[[], object], calls: int = 10) -> float:
@@ -74,15 +51,6 @@ def cupti_per_call(torch: Any, fn: Callable[[], object], calls: int = 10) -> flo
     ]
     assert durations, "CUPTI recorded no kernels"
     return sum(durations) / calls * 1e-6
-
-
-def cudatime(shell: InteractiveShell, line: str, cell: str | None = None) -> CudaTimeResult:
-    if cell is None:
-        result = shell.run_line_magic("cudatime", f"-q -o {line}")
-    else:
-        result = shell.run_cell_magic("cudatime", f"-q -o {line}", cell)
-    assert result is not None
-    return result  # type: ignore[no-any-return]
 
 
 @pytest.mark.gpu_timing
