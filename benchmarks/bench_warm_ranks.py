@@ -51,10 +51,10 @@ def test_{index:02d}(cuda_rank):
 """
 
 
-def suite(backend: str, extra: str) -> str:
+def suite(backend: str, extra: str, tests: int = TESTS) -> str:
     head = "import pytest\nimport torch\nimport torch.distributed as dist\n"
     return head + "".join(
-        TEST.format(backend=backend, extra=extra, index=i) for i in range(1, TESTS + 1)
+        TEST.format(backend=backend, extra=extra, index=i) for i in range(1, tests + 1)
     )
 
 
@@ -81,27 +81,36 @@ def main() -> None:
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     parser.add_argument("--before-src", type=Path, help="an older checkout's src folder")
     parser.add_argument("--json", type=Path, help="append the results as JSON lines")
+    parser.add_argument(
+        "--isolate-tests",
+        type=int,
+        default=TESTS,
+        help=f"tests in the isolate=True file (default {TESTS}; at least 3): fresh ranks "
+        "cost seconds a test, and the figure compared is the time a test",
+    )
     args = parser.parse_args()
+    if args.isolate_tests < 3:
+        parser.error("--isolate-tests: at least 3 (the first test is counted apart)")
     gpus = cuda.devices()
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if len(gpus) >= 2 else "gloo"
     devices = "0,1" if backend == "nccl" else None
-    variants: dict[str, tuple[Path, str]] = {
-        "warm ranks": (SRC, ""),
-        "isolate=True": (SRC, ", isolate=True"),
+    variants: dict[str, tuple[Path, str, int]] = {
+        "warm ranks": (SRC, "", TESTS),
+        "isolate=True": (SRC, ", isolate=True", args.isolate_tests),
     }
     if args.before_src is not None:
-        variants["before (fresh ranks, older plugin)"] = (args.before_src.resolve(), "")
+        variants["before (fresh ranks, older plugin)"] = (args.before_src.resolve(), "", TESTS)
     walls: dict[str, list[float]] = {name: [] for name in variants}
     per_test: dict[str, list[float]] = {name: [] for name in variants}
     first: dict[str, list[float]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="bench-warm-ranks-") as tmp:
         folders = {}
-        for number, (name, (_, extra)) in enumerate(variants.items()):
+        for number, (name, (_, extra, tests)) in enumerate(variants.items()):
             folders[name] = Path(tmp) / f"v{number}"
             folders[name].mkdir()
-            (folders[name] / "test_ranks.py").write_text(suite(backend, extra))
+            (folders[name] / "test_ranks.py").write_text(suite(backend, extra, tests))
         names = list(variants)
         for round_ in range(args.rounds):
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
@@ -131,7 +140,11 @@ def main() -> None:
         "pytest": pytest.__version__,
         "torch": cuda.status().torch_version,
     }
-    anchor = statistics.median(walls["isolate=True"])
+
+    def per_test_wall(name: str) -> float:
+        return statistics.median(walls[name]) / variants[name][2]
+
+    anchor = per_test_wall("isolate=True")
     rows = []
     for name in variants:
         rows.append(
@@ -140,7 +153,7 @@ def main() -> None:
                 "kind": "variant",
                 "variant": name,
                 "backend": backend,
-                "tests": TESTS,
+                "tests": variants[name][2],
                 "rounds": args.rounds,
                 "unit": "s",
                 "wall_median": statistics.median(walls[name]),
@@ -150,19 +163,21 @@ def main() -> None:
                 "per_test_min": min(per_test[name]),
                 "per_test_max": max(per_test[name]),
                 "first_test_median": statistics.median(first[name]),
-                "wall_ratio_to_isolate": statistics.median(walls[name]) / anchor,
+                "wall_per_test": per_test_wall(name),
+                # Per test: the isolate=True file may hold fewer tests (--isolate-tests).
+                "wall_ratio_to_isolate": per_test_wall(name) / anchor,
             }
         )
     if args.json is not None:
         with args.json.open("a") as out:
             for record in (env, *rows):
                 out.write(json.dumps(record) + "\n")
-    print(f"\n{TESTS} tests, world size 2, {backend}, {device}, {args.rounds} rounds\n")
-    print("| variant | pytest run | per test once up | first test | run ÷ isolate |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"\nworld size 2, {backend}, {device}, {args.rounds} rounds\n")
+    print("| variant | tests | pytest run | per test once up | first test | run a test ÷ isolate |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(
-            f"| {row['variant']} | {row['wall_median']:.2f} s | "
+            f"| {row['variant']} | {row['tests']} | {row['wall_median']:.2f} s | "
             f"{row['per_test_median']:.3f} s | {row['first_test_median']:.2f} s | "
             f"{row['wall_ratio_to_isolate']:.2f} |"
         )

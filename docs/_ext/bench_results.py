@@ -1024,6 +1024,7 @@ def _table_warm_ranks(run: Run) -> Table:
     rows = [
         [
             str(r["variant"]),
+            str(r["tests"]),
             f"{r['wall_median']:.2f} s ({r['wall_min']:.2f} to {r['wall_max']:.2f})",
             f"{r['per_test_median']:.3f} s",
             f"{r['first_test_median']:.2f} s",
@@ -1031,8 +1032,8 @@ def _table_warm_ranks(run: Run) -> Table:
         ]
         for r in run.rows(kind="variant")
     ]
-    header = ["variant", "pytest run (min to max)", "per test once up", "first test"]
-    return [*header, "run ÷ isolate=True"], rows
+    header = ["variant", "tests", "pytest run (min to max)", "per test once up", "first test"]
+    return [*header, "run a test ÷ isolate=True"], rows
 
 
 def _table_leaks_suite_torch(run: Run) -> Table:
