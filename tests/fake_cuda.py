@@ -1,17 +1,15 @@
 """The one way tests put a fake in the seam, and the fakes of its facilities.
 
 :func:`install` replaces :mod:`gpumagic.cuda`'s functions until a ``pytest.MonkeyPatch``
-is undone. :class:`FakeMachine` is discovery's made-up machine: a pynvml stand-in with its
-boards, their memory, processes and SM clocks, and torch's version file, put in the seam's
-one hook (``discovery._machine``), so discovery and NVML's readings run for real on it.
-Planted plugin suites copy this file and call :func:`install_planted` at import (the
-machine in ``$PYTEST_CUDA_FAKE_GPUS``: ``{"torch": "2.11.0+cu130", "cuda": "13.0",
-"driver": "580.95.05", "boards": [board(0), …]}``; ``"cuda": null`` is a CPU-only torch,
-``"boards": []`` a driver without GPUs). :class:`FakeAllocator` is torch's caching
-allocator on such a machine: counters, library caches (cuBLAS, cuFFT, streams,
-torch.compile), stack recording with the ring of events, snapshots; its
-:meth:`~FakeAllocator.tensor` frees its block when the object dies, so a leak is a tensor
-kept alive, as on a GPU. The runtime's fake is ``tests/gpumagic/fake_runtime.py``.
+is undone. :class:`FakeMachine` is a made-up machine's pynvml (boards, their memory,
+processes and SM clocks) and torch's version file, put in the seam's one hook
+(``discovery._machine``): discovery and NVML's readings run for real on it. Planted plugin
+suites copy this file and call :func:`install_planted` at import (the machine in
+``$PYTEST_CUDA_FAKE_GPUS``: ``{"torch": "2.11.0+cu130", "cuda": "13.0", "driver":
+"580.95.05", "boards": [board(0), …]}``; ``"cuda": null`` is a CPU-only torch, ``"boards":
+[]`` a driver without GPUs). :class:`FakeAllocator` is torch's caching allocator on such a
+machine; a leak is one of its tensors kept alive, as on a GPU. The runtime's fake is
+``tests/gpumagic/fake_runtime.py``.
 """
 
 from __future__ import annotations
@@ -21,16 +19,13 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pytest
 
 from gpumagic import cuda
 from gpumagic.cuda import discovery
-from gpumagic.devices import DeviceInfo
-
-if TYPE_CHECKING:
-    import pytest
 
 MiB = 2**20
 GiB = GIB = 2**30
@@ -63,22 +58,48 @@ class NVMLError(Exception):
     """Raised where real NVML raises (no MIG mode, unknown handle, no clock)."""
 
 
+def _known(value: Any) -> Any:
+    """``value``, or NVML's error where it is ``None`` (NVML cannot say)."""
+    if value is None:
+        raise NVMLError("Not Supported")
+    return value
+
+
 class FakeMachine:
-    """The pynvml calls the seam makes, answered from ``boards``; ``own(i)`` is this
-    process's use of board ``i`` (``None``: no context), ``others`` other processes'."""
+    """pynvml as the seam calls it, answered from ``boards``: ``own(i)`` is this process's
+    use of board ``i`` (``None``: no context), ``others`` other processes'; ``clocks`` the
+    SM clock's ``(MHz, reasons)``, read in turn (the last once they run out; none: NVML
+    cannot read it). Its functions are attributes: ``del`` one for older bindings."""
 
     NVMLError, NVML_CLOCK_SM, nvmlMemory_v2 = NVMLError, 0, 2
 
-    def __init__(
-        self, boards: list[dict[str, Any]], driver: str | None = "580.95.05", **versions: Any
-    ):
+    def __init__(self, boards: list[dict], driver: str | None = "580.95.05", **versions: Any):
         self.boards = [self._handle(i, b) for i, b in enumerate(boards)]
         self.driver, self.nvml, self.list_self = driver, True, True
         self.versions = {"torch": "2.11.0+cu130", "cuda": "13.0"} | versions
         self.own: Any = lambda i: None
-        self.others: dict[int, list[tuple[int, int | None]]] = {}
-        self.clocks: list[tuple[int, int | None]] = []  # (MHz, reasons) read in turn
-        self.clock_reads, self.default_mhz = 0, 1980
+        self.others: dict[int, list[tuple[int, int | None]]] = {}  # [(pid, bytes)] by board
+        self.clocks, self.clock_reads, self.default_mhz = [], 0, 1980
+        by_uuid = {h.uuid.encode(): h for b in self.boards for h in (b, *b.migs)}
+        vars(self).update(
+            nvmlSystemGetDriverVersion=lambda: self.driver,
+            nvmlDeviceGetCount=lambda: len(self.boards),
+            nvmlDeviceGetHandleByIndex=lambda i: self.boards[i],
+            nvmlDeviceGetHandleByUUID=lambda uuid: _known(by_uuid.get(uuid)),
+            nvmlDeviceGetName=lambda h: h.name,
+            nvmlDeviceGetUUID=lambda h: h.uuid.encode(),
+            nvmlDeviceGetCudaComputeCapability=lambda h: tuple(h.capability),
+            nvmlDeviceGetMaxMigDeviceCount=lambda h: _known(len(h.migs) or None),
+            nvmlDeviceGetMigDeviceHandleByIndex=lambda h, j: h.migs[j],
+            nvmlDeviceGetComputeRunningProcesses=self._processes,
+            nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
+            nvmlDeviceGetMemoryInfo=self._memory,
+            nvmlDeviceGetClockInfo=self._clock,
+            nvmlDeviceGetCurrentClocksEventReasons=self._clock,
+            nvmlDeviceGetCurrentClocksThrottleReasons=self._clock,  # its name before NVML 12.2
+            nvmlDeviceGetDefaultApplicationsClock=lambda h, kind: _known(self.default_mhz),
+            nvmlDeviceGetMaxClockInfo=lambda h, kind: 1980,
+        )
 
     def _handle(self, i: int, b: dict[str, Any]) -> SimpleNamespace:
         b = {"free": b["total"], "migs": [], "reserved": None} | b
@@ -92,51 +113,16 @@ class FakeMachine:
         cuda.reset_status_cache()
         return self
 
-    def _missing(self, device: DeviceInfo) -> None:
+    def _missing(self, device: object) -> None:
         raise cuda.CudaUnavailable("NVML is not available (no NVIDIA driver library)")
 
-    def nvmlSystemGetDriverVersion(self) -> str | None:
-        return self.driver
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.boards)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimpleNamespace:
-        return self.boards[index]
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> SimpleNamespace:
-        found = [h for b in self.boards for h in (b, *b.migs) if h.uuid == uuid.decode()]
-        if not found:
-            raise NVMLError(f"no device {uuid.decode()}")
-        return found[0]
-
-    def nvmlDeviceGetName(self, handle: SimpleNamespace) -> str:
-        return handle.name
-
-    def nvmlDeviceGetUUID(self, handle: SimpleNamespace) -> bytes:
-        return handle.uuid.encode()
-
-    def nvmlDeviceGetCudaComputeCapability(self, handle: SimpleNamespace) -> tuple[int, int]:
-        return tuple(handle.capability)  # type: ignore[return-value]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: SimpleNamespace) -> int:
-        if not handle.migs:
-            raise NVMLError("MIG mode is not enabled")
-        return len(handle.migs)
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> SimpleNamespace:
-        return handle.migs[index]
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: SimpleNamespace) -> list[Any]:
+    def _processes(self, handle: SimpleNamespace) -> list[Any]:
         procs = list(self.others.get(handle.index, []))
         if self.own(handle.index) is not None and self.list_self:
             procs.append((os.getpid(), self.own(handle.index)))
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in procs]
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: SimpleNamespace) -> list[Any]:
-        return []
-
-    def nvmlDeviceGetMemoryInfo(self, handle: SimpleNamespace, version: int = 1) -> Any:
+    def _memory(self, handle: SimpleNamespace, version: int = 1) -> SimpleNamespace:
         """v1: ``used`` counts the driver's reservation; v2 (where the board says what it
         reserves): ``used`` does not, and ``reserved`` says it."""
         if version == 2 and handle.reserved is None:
@@ -148,56 +134,30 @@ class FakeMachine:
         used += reserved if version == 1 else 0
         return SimpleNamespace(total=handle.total, used=used, free=free, reserved=reserved)
 
-    def nvmlDeviceGetClockInfo(self, handle: SimpleNamespace, kind: int) -> int:
-        """The next of ``clocks`` (none: NVML cannot read it), the last once they run out."""
+    def _clock(self, handle: SimpleNamespace, kind: int | None = None) -> int:
+        """The next of ``clocks``' MHz (a clock ``kind`` given), else the reasons for it."""
         if not self.clocks:
             raise NVMLError("no clock here")
-        self.clock_reads += 1
-        return self.clocks[min(self.clock_reads, len(self.clocks)) - 1][0]
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimpleNamespace) -> int:
-        reasons = self.clocks[min(self.clock_reads, len(self.clocks)) - 1][1]
-        if reasons is None:
-            raise NVMLError("no reasons here")
-        return reasons
-
-    def nvmlDeviceGetDefaultApplicationsClock(self, handle: Any, kind: int) -> int:
-        if self.default_mhz is None:
-            raise NVMLError("no default clock here")
-        return self.default_mhz
+        self.clock_reads += kind is not None
+        mhz, reasons = self.clocks[min(self.clock_reads, len(self.clocks)) - 1]
+        return _known(mhz if kind is not None else reasons)
 
 
 def install_planted() -> FakeMachine:
     """Put the machine in ``$PYTEST_CUDA_FAKE_GPUS`` in the seam for good (a planted
     suite's ``conftest.py``, at import: the outer test puts the seam back)."""
-    import pytest
-
     spec = json.loads(os.environ["PYTEST_CUDA_FAKE_GPUS"])
     return FakeMachine(spec.pop("boards"), **spec).install(pytest.MonkeyPatch())
 
 
-@dataclass(frozen=True)
-class StandInDevice:
-    """What ``torch.device("cuda", 1)`` is to the plugin's fixtures: a type, an index and
-    the text ``cuda:1``."""
-
-    type: str
-    index: int | None = None
-
-    def __str__(self) -> str:
-        return self.type if self.index is None else f"{self.type}:{self.index}"
-
-
 def install_torch_stand_in() -> None:
     """A stand-in for torch in ``sys.modules``, for planted runs about which devices each
-    xdist worker gets: the real torch costs 1.6 s of CPU per process, and the fixtures
-    only build device objects (the real ones: test_plugin_gpu.py on a GPU)."""
-    if "torch" in sys.modules:
-        return
-    torch = ModuleType("torch")
-    torch.device = StandInDevice  # type: ignore[attr-defined]
-    torch.cuda = SimpleNamespace(is_initialized=lambda: False)  # type: ignore[attr-defined]
-    sys.modules["torch"] = torch
+    xdist worker gets (the real torch costs 1.6 s of CPU per process): their fixtures'
+    devices are read as text, ``cuda:1`` (the real ones: test_plugin_gpu.py on a GPU)."""
+    if "torch" not in sys.modules:
+        torch = sys.modules["torch"] = ModuleType("torch")
+        torch.device = lambda kind, index: f"{kind}:{index}"  # type: ignore[attr-defined]
+        torch.cuda = SimpleNamespace(is_initialized=lambda: False)  # type: ignore[attr-defined]
 
 
 class FakeTensor:
@@ -213,46 +173,28 @@ class FakeTensor:
 class FakeAllocator:
     """``n`` devices of 140 GiB; this process's context is 500 MiB on each device used."""
 
-    def __init__(
-        self,
-        n: int = 1,
-        *,
-        initialized: bool = False,
-        nvml: bool = True,
-        others: dict[int, list[tuple[int, int | None]]] | None = None,
-    ) -> None:
-        self.devices = tuple(
-            DeviceInfo(i, f"Fake H200 {i}", 140 * GiB, (9, 0), uuid=f"GPU-{i}", physical_index=i)
-            for i in range(n)
-        )
+    def __init__(self, n: int = 1, *, initialized: bool = False, nvml: bool = True) -> None:
         self.context, self.unlisted = 500 * MiB, 64 * MiB
         kept = {"free": 140 * GiB - self.unlisted - 512 * MiB, "reserved": 512 * MiB}
         boards = [
-            board(d.index, d.name, total=d.total_memory, uuid=d.uuid) | kept for d in self.devices
+            board(i, f"Fake H200 {i}", total=140 * GiB, uuid=f"GPU-{i}") | kept for i in range(n)
         ]
         self.machine = FakeMachine(boards, None, torch="2.11")  # a driver without a version
+        self.devices = tuple(discovery._nvml_physical_devices(self.machine))  # type: ignore[arg-type]
         self.machine.own, self.machine.nvml = self._own, nvml
-        self.machine.others = others if others is not None else {0: [(4242, GiB)]}
-        self.initialized = initialized
+        self.machine.others = {0: [(4242, GiB)]}  # another process's GiB on cuda:0
+        self.initialized, self.next_address = initialized, 0x7F00_0000_0000
         fields = cuda.AllocatorStats.__dataclass_fields__
-        self.counters = [dict.fromkeys(fields, 0) for _ in self.devices]
-        self.freed = [0 for _ in self.devices]  # bytes freed ever
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self.next_address = 0x7F00_0000_0000
-        self.touched: set[int] = set()  # devices with a context
-        self.resets: list[int] = []
-        self.calls: list[str] = []
-        self.queued: list[Any] = []  # on_cuda_init callbacks
+        self.counters = [dict.fromkeys(fields, 0) for _ in range(n)]
+        self.freed, self.events = [0] * n, [[] for _ in range(n)]  # bytes freed ever; rings
+        self.blocks, self.touched = {}, set()  # blocks by address; devices with a context
+        self.resets, self.calls, self.queued = [], [], []  # peaks reset, calls, on_cuda_init's
         self.recording = False  # gpumagic's or pytest_cuda's recording
         self.user_recording = self.user_events = False  # the user's, with events or not
         self.empty_cache_calls = self.history_starts = 0
-        self.user_max_entries = 1_000_000
-        self.history_settings: dict[str, Any] = {}
-        self.events: list[list[dict[str, Any]]] = [[] for _ in self.devices]
-        self.workspaces: dict[int, FakeTensor] = {}
-        self.fft_plans: dict[int, list[FakeTensor]] = {}
-        self.compiled: list[FakeTensor] = []
-        self.awaiting: list[FakeTensor] = []
+        self.user_max_entries, self.history_settings = 1_000_000, {}
+        self.workspaces, self.fft_plans = {}, {}  # cuBLAS's and cuFFT's, by device
+        self.compiled, self.awaiting = [], []  # torch.compile's; freed, awaiting a stream
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
         """The machine and this allocator, whatever ``CUDA_VISIBLE_DEVICES`` said."""
@@ -269,6 +211,7 @@ class FakeAllocator:
             memory_history_enabled=lambda: self.recording or self.user_recording,
             async_error=lambda: None,  # the made-up GPU never has an asynchronous error
             synchronize=lambda devices=None: None,  # nothing is ever queued on it
+            release_cached_blocks=lambda devices: self.awaiting.clear(),
         )
         return self
 
@@ -295,8 +238,7 @@ class FakeAllocator:
             self._event("segment_alloc", device, 0, c["allocated"] - c["reserved"], [])
             c["reserved"] = c["allocated"]
             c["peak_reserved"] = max(c["peak_reserved"], c["reserved"])
-        address = self.next_address
-        self.next_address += size + 512
+        address, self.next_address = self.next_address, self.next_address + size + 512
         recording = self.recording or self.user_recording
         stack = traceback.walk_stack(sys._getframe()) if recording else ()
         frames = [  # innermost first, as torch gives them; none of this file's
@@ -343,18 +285,16 @@ class FakeAllocator:
 
     def _event(self, action: str, device: int, addr: int, size: int, frames: list[Any]) -> None:
         # The allocator's ring of events, with epoch microseconds as torch gives them.
-        if self.recording:
-            settings = self.history_settings
-            if not settings["events"] or action in settings["skip_actions"]:
-                return
+        settings = self.history_settings
+        if self.recording and settings["events"] and action not in settings["skip_actions"]:
             limit = settings["max_entries"]
-        elif self.user_recording and self.user_events:
+        elif not self.recording and self.user_recording and self.user_events:
             limit = self.user_max_entries
         else:
             return
-        now, ring = time.time_ns() // 1000, self.events[device]
+        ring = self.events[device]
         ring.append({"action": action, "addr": addr, "size": size, "frames": frames})
-        ring[-1]["time_us"] = now
+        ring[-1]["time_us"] = time.time_ns() // 1000
         del ring[:-limit]
 
     # -- the seam ----------------------------------------------------------------------
@@ -373,18 +313,11 @@ class FakeAllocator:
             c["reserved"] = c["allocated"]
 
     def release_blas_workspaces(self) -> bool:
-        self.calls.append("release_blas_workspaces")
         self.workspaces.clear()
         return self.initialized
 
     def clear_fft_plan_caches(self, devices: tuple[int, ...]) -> bool:
-        self.calls.append("clear_fft_plan_caches")
-        cleared = [self.fft_plans.pop(device, None) for device in devices]
-        return any(cleared)
-
-    def release_cached_blocks(self, devices: tuple[int, ...]) -> None:
-        self.calls.append("release_cached_blocks")
-        self.awaiting.clear()
+        return bool([self.fft_plans.pop(d) for d in devices if d in self.fft_plans])
 
     def reset_compile_caches(self) -> bool:
         self.calls.append("reset_compile_caches")
@@ -399,12 +332,7 @@ class FakeAllocator:
         return True
 
     def start_memory_history(
-        self,
-        max_entries: int,
-        *,
-        events: bool = False,
-        event_stacks: bool = True,
-        skip_actions: tuple[str, ...] = (),
+        self, max_entries: int, *, events: bool = False, event_stacks: bool = True, skip_actions=()
     ) -> bool:
         self.calls.append(f"start_memory_history({max_entries}, events={events})")
         assert 0 < max_entries < 1_000_000, "the ring buffer must be bounded"
@@ -412,17 +340,15 @@ class FakeAllocator:
         if self.recording or self.user_recording:
             return False
         self.history_starts += 1
-        self.history_settings = {"max_entries": max_entries, "events": events}
-        self.history_settings["skip_actions"] = skip_actions
-        self.recording = True
+        settings = {"max_entries": max_entries, "events": events, "skip_actions": skip_actions}
+        self.history_settings, self.recording = settings, True
         return True
 
     def stop_memory_history(self) -> None:
         self.calls.append("stop_memory_history")
         assert self.recording, "stopped a recording nobody started"
         self.recording = False
-        for ring in self.events:
-            ring.clear()  # as torch does when recording stops
+        self.events = [[] for _ in self.events]  # emptied, as torch does when recording stops
 
     def memory_snapshot(self) -> dict[str, Any]:
         segments = []

@@ -2,12 +2,11 @@
 
 :class:`FakeSeam` is a GPU as the ``%cudatime`` engine meets it: the host does a body's
 work (:func:`sleeper`), so its events read the host clock; its board and SM clocks are a
-:class:`fake_cuda.FakeMachine`. :class:`FakeDevice` is an asynchronous GPU for ``%lprun``:
-``launch(seconds)`` queues work, ``synchronize`` and ``item`` wait in real time, and its
-events carry the work launched before them (what the GPU worked, however late a loaded
-host records them); its memory is a :class:`fake_cuda.FakeAllocator`. :class:`FakeClock`
-is a host clock for the engine (``monkeypatch.setattr(timing, "time", clock)``) that
-advances only when told to: sizing, stopping and statistics are exact on a loaded host.
+:class:`fake_cuda.FakeMachine`. :class:`FakeDevice` is ``%lprun``'s asynchronous GPU:
+``launch(seconds)`` queues work, ``synchronize`` and ``item`` wait for it in real time, its
+events carry the work launched before them, and its memory is a
+:class:`fake_cuda.FakeAllocator`. :class:`FakeClock` is a host clock for the engine
+(``monkeypatch.setattr(timing, "time", clock)``) that moves only when told to.
 """
 
 from __future__ import annotations
@@ -27,12 +26,14 @@ if TYPE_CHECKING:
 
     import pytest
 
+    Call = Callable[[], object]
 
+
+@dataclass(eq=False)
 class FakeClock:
-    """A host clock that advances only when told to."""
+    """A host clock that advances only when told to: exact times on a loaded host."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    now: float = 0.0
 
     def perf_counter(self) -> float:
         return self.now
@@ -82,24 +83,25 @@ class FakeSeam:
         default_factory=lambda: FakeMachine([board(0, "Fake GPU")], torch="2.x")
     )
 
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+    def install(self, monkeypatch: pytest.MonkeyPatch, **more: Any) -> Any:
+        """This seam's machine, methods and answers, and ``more`` (a subclass's, which win)."""
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         self.machine.install(monkeypatch)
-        install(monkeypatch, self)
+        log = self.log.append
+        answers = {
+            "is_initialized": lambda: self.initialized,
+            "devices_with_context": lambda: (0,),
+            "current_device": lambda: 0,
+            "use_device": lambda index: log(f"device {index}") or contextlib.nullcontext(),
+            "spin": lambda device, microseconds: log("spin"),
+            "event_completed": lambda event: True,
+            "elapsed_ms": lambda start, end, wait=True: (end.at - start.at) * 1e3,
+            "current_streams": lambda devices: ["stream"],
+            "restore_streams": lambda streams: log("restore streams"),
+            "device_peaks": lambda device: cuda.DevicePeaks("Fake GPU", 3.35e12),
+        }
+        install(monkeypatch, self, **answers | more)
         return self
-
-    def is_initialized(self) -> bool:
-        return self.initialized
-
-    def devices_with_context(self) -> tuple[int, ...]:
-        return (0,)
-
-    def current_device(self) -> int:
-        return 0
-
-    def use_device(self, index: int) -> contextlib.AbstractContextManager[None]:
-        self.log.append(f"device {index}")
-        return contextlib.nullcontext()
 
     def synchronize(self, devices: Iterable[int] | None = None) -> None:
         # Work left on another stream: the device sync waits for it, after the current
@@ -108,12 +110,6 @@ class FakeSeam:
             self.wait(self.pending)
             self.pending = 0.0
         self.log.append("sync")
-
-    def event_completed(self, event: FakeEvent) -> bool:
-        return True
-
-    def spin(self, device: int, microseconds: float) -> None:
-        self.log.append("spin")
 
     def side_work(self, seconds: float) -> None:
         self.pending = seconds
@@ -126,24 +122,12 @@ class FakeSeam:
         self.log.append("record")
         return FakeEvent(self.clock())
 
-    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
-        return (end.at - start.at) * 1e3
-
-    def current_streams(self, devices: Iterable[int]) -> list[str]:
-        return ["stream"]
-
-    def restore_streams(self, streams: Iterable[Any]) -> None:
-        self.log.append("restore streams")
-
-    def device_peaks(self, device: int) -> cuda.DevicePeaks:
-        return cuda.DevicePeaks("Fake GPU", 3.35e12)
-
     def l2_flush_buffer(self, device: int) -> Any:
         return SimpleNamespace(numel=lambda: 32 << 20, element_size=lambda: 4)
 
     def flush_l2(self, buffer: Any) -> None:
         self.log.append("flush")
-        self.flushed = True  # the next call finds its data out of L2 (see cold_body)
+        self.flushed = True  # the next call finds its data out of L2 (see counting)
 
     def capture_graph(self, run: Callable[[int], object], unroll: int, device: int) -> Any:
         if self.capture_error:
@@ -153,50 +137,29 @@ class FakeSeam:
         return lambda: run(unroll)
 
     def profile_kernels(
-        self,
-        warm: Callable[[], object],
-        run: Callable[[], object],
-        devices: Any,
-        flushes: int = 0,
-        steps: int = 1,
+        self, warm: Call, run: Call, devices: Any, flushes: int = 0, steps: int = 1
     ) -> cuda.KernelProfile:
         warm()
-        self.log.append("profile")
         for _ in range(steps):
             run()
         busy = self.busy_us * steps
         runs = (self.busy_us,) * steps if steps > 1 and self.split_runs else ()
         return cuda.KernelProfile(busy, None, (("kernel", steps, busy),), flushes, runs)
 
-    def catch_syncs(
-        self, run: Callable[[], object], code_files: Iterable[str], *, is_user: Any
-    ) -> list[Any]:
-        self.log.append("sync check")
+    def catch_syncs(self, run: Call, code_files: Iterable[str], *, is_user: Any) -> list[Any]:
         calls_before = self.calls
         run()
-        files = list(code_files) or ["<f>"]
         n = (self.calls - calls_before) * self.syncs_per_call
-        return [cuda.SyncEvent("Tensor.item", files[0], 3)] * n
+        return [cuda.SyncEvent("Tensor.item", next(iter(code_files), "<f>"), 3)] * n
 
 
-def counting(seam: FakeSeam, seconds: float) -> Callable[[int], None]:
-    body = sleeper(seconds)
-
-    def run(n: int) -> None:
-        for _ in range(n):
-            seam.calls += 1
-            body()
-
-    return run
-
-
-def cold_body(seam: FakeSeam, seconds: float, cold: float) -> Callable[[int], None]:
-    """A body of ``seconds`` a call, ``cold`` right after an L2 flush."""
+def counting(seam: FakeSeam, seconds: float, cold: float | None = None) -> Callable[[int], None]:
+    """A body of ``seconds`` a call (``cold`` after an L2 flush), counted in ``seam.calls``."""
 
     def run(n: int) -> None:
         for _ in range(n):
             seam.calls += 1
-            sleeper(cold if seam.flushed else seconds)()
+            sleeper(cold if seam.flushed and cold is not None else seconds)()
             seam.flushed = False
 
     return run
@@ -215,12 +178,16 @@ class FakeDevice(FakeSeam):
     sync_error: Exception | None = None
     debug_modes_set: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.machine = self.gpu.machine  # one board, with its memory
-
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
-        self.gpu.install(monkeypatch)  # the runtime is this class's
-        return super().install(monkeypatch)
+        self.machine = self.gpu.install(monkeypatch).machine  # its memory; our runtime
+        return super().install(
+            monkeypatch,
+            event_completed=lambda event: time.perf_counter() >= event.at,
+            elapsed_ms=lambda start, end, wait=True: (end.gpu - start.gpu) * 1e3,
+            visible_device_total=lambda: 1,
+            stream_is_capturing=lambda: self.capturing,
+            get_sync_debug_mode=lambda: self.debug_mode,
+        )
 
     def launch(self, seconds: float) -> None:
         """Queue ``seconds`` of GPU work; returns at once."""
@@ -248,21 +215,6 @@ class FakeDevice(FakeSeam):
 
     def record_event(self, device: int | None = None) -> FakeEvent:
         return FakeEvent(max(self.free_at, time.perf_counter()), self.launched)
-
-    def event_completed(self, event: FakeEvent) -> bool:
-        return time.perf_counter() >= event.at
-
-    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, *, wait: bool = True) -> float:
-        return (end.gpu - start.gpu) * 1e3
-
-    def visible_device_total(self) -> int:
-        return 1
-
-    def stream_is_capturing(self) -> bool:
-        return self.capturing
-
-    def get_sync_debug_mode(self) -> int:
-        return self.debug_mode
 
     def set_sync_debug_mode(self, mode: int) -> None:
         self.debug_modes_set.append(mode)

@@ -6,43 +6,22 @@ import os
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from fake_cuda import FakeMachine, board
 from gpumagic import cuda
 from gpumagic.cuda import discovery
 
 
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_nvml(boards: list[tuple[str, str, int]]) -> Any:
-    """A pynvml stand-in listing ``(name, uuid, total)`` boards (logic tests only)."""
-
-    def handle(i: int) -> int:
-        return i
-
-    return SimpleNamespace(
-        NVMLError=FakeNVMLError,
-        nvmlDeviceGetCount=lambda: len(boards),
-        nvmlDeviceGetHandleByIndex=handle,
-        nvmlDeviceGetName=lambda h: boards[h][0],
-        nvmlDeviceGetUUID=lambda h: boards[h][1].encode(),
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=boards[h][2]),
-        nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
-        nvmlDeviceGetMaxMigDeviceCount=lambda h: (_ for _ in ()).throw(FakeNVMLError()),
-        nvmlSystemGetDriverVersion=lambda: "580.00",
-    )
-
-
 @pytest.fixture
 def two_boards(monkeypatch: pytest.MonkeyPatch) -> None:
-    nvml = fake_nvml([("H200 A", "GPU-aaaa", 2**30), ("H200 B", "GPU-bbbb", 2**31)])
-    monkeypatch.setattr(discovery, "_nvml", lambda: nvml)
-    monkeypatch.setattr(discovery, "_torch_version_file", lambda: {"torch": "2.11", "cuda": "13.0"})
+    boards = [
+        board(0, "H200 A", total=2**30, uuid="GPU-aaaa"),
+        board(1, "H200 B", total=2**31, uuid="GPU-bbbb"),
+    ]
+    FakeMachine(boards, "580.00", torch="2.11").install(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 

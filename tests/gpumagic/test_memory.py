@@ -480,8 +480,8 @@ def test_without_nvml_torch_figures_come_with_a_note(monkeypatch: pytest.MonkeyP
 
 
 def test_mig_and_container_pids_are_explained(monkeypatch: pytest.MonkeyPatch) -> None:
-    gpu = FakeAllocator(2, initialized=True, others={0: [(7, None)]}).install(monkeypatch)
-    gpu.machine.list_self = False
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
+    gpu.machine.others, gpu.machine.list_self = {0: [(7, None)]}, False
     gpu.alloc(MiB)
     text = memory_text.format_report(
         memory.MemoryReport(summary="s", devices=memory.read_devices(gpu.devices[:1]))

@@ -1,23 +1,21 @@
 """What ``%cudatime`` says about the GPU's clock, CUPTI, gaps and cold L2 (issue 28),
 on numbers alone, through the engine against a stand-in seam with a fake NVML, through
-the magic's options, and the seam's NVML reader against a fake pynvml.
+the magic's options, and the seam's NVML reader against the fake machine.
 
 The real GPU runs of the same branches are in ``test_timing_clocks_gpu.py``.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from fake_runtime import FakeSeam, cold_body, counting
+from fake_runtime import FakeSeam, counting
 
-from fake_cuda import install
+from fake_cuda import FakeMachine, board, install
 from gpumagic import cuda
 from gpumagic import timing_checks as checks
 from gpumagic.cuda import clocks, discovery
-from gpumagic.devices import DeviceInfo
 from gpumagic.timing import TimingOptions, time_cuda
 from gpumagic.timing_result import CudaTimeResult, KernelStat
 
@@ -345,7 +343,7 @@ def test_kernels_show_the_gap_of_the_same_loops(seam: FakeSeam) -> None:
 
 # -- --cold's L2 check ----------------------------------------------------------------------
 def test_cold_shows_the_l2_check(seam: FakeSeam) -> None:
-    result = time_cuda(cold_body(seam, 200e-6, 600e-6), TimingOptions(budget=0.3, cold=True))
+    result = time_cuda(counting(seam, 200e-6, cold=600e-6), TimingOptions(budget=0.3, cold=True))
     assert result.flush_bytes == 128 << 20
     assert result.cold_warm_time is not None
     assert result.cold_warm_ratio is not None
@@ -401,65 +399,34 @@ def test_help_describes_the_new_options_and_fields(shell: InteractiveShell) -> N
 
 
 # -- the seam's NVML reader -----------------------------------------------------------------
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_pynvml(
-    mhz: int = 1440, reasons: int = POWER_CAP, *, old: bool = False, default: int | None = 1980
-) -> Any:
-    """A pynvml stand-in with one board's clocks (logic tests only)."""
-
-    def fail(*args: Any) -> Any:
-        raise FakeNVMLError("Not Supported")
-
-    nvml = SimpleNamespace(
-        NVMLError=FakeNVMLError,
-        NVML_CLOCK_SM=1,
-        nvmlDeviceGetHandleByUUID=lambda uuid: "handle",
-        nvmlDeviceGetClockInfo=lambda handle, kind: mhz,
-        nvmlDeviceGetDefaultApplicationsClock=(lambda h, k: default) if default else fail,
-        nvmlDeviceGetMaxClockInfo=lambda handle, kind: 1980,
-    )
-    name = "nvmlDeviceGetCurrentClocks" + ("ThrottleReasons" if old else "EventReasons")
-    setattr(nvml, name, lambda handle: reasons)
-    return nvml
-
-
 @pytest.fixture
-def one_board(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    board = DeviceInfo(0, "H100", 80 << 30, (9, 0), uuid="GPU-aaaa", physical_index=0)
-    box: list[Any] = [fake_pynvml()]
-    monkeypatch.setattr(discovery, "_nvml", lambda: box[0])
-    monkeypatch.setattr(discovery, "devices", lambda: (board,))
+def one_board(monkeypatch: pytest.MonkeyPatch) -> FakeMachine:
+    machine = FakeMachine([board(0, "H100", total=80 << 30, uuid="GPU-aaaa")])
+    machine.clocks = [(1440, POWER_CAP)]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(clocks, "_STATIC", {})
-    return box
+    return machine.install(monkeypatch)
 
 
-def test_sm_clock_reads_nvml(one_board: list[Any]) -> None:
+def test_sm_clock_reads_nvml(one_board: FakeMachine) -> None:
     assert cuda.sm_clock(0) == cuda.SmClock(1440, POWER_CAP, 1980)
     assert cuda.sm_clock(1) is None  # no such device
 
 
 def test_sm_clock_with_older_bindings_and_no_default_applications_clock(
-    one_board: list[Any],
+    one_board: FakeMachine,
 ) -> None:
-    one_board[0] = fake_pynvml(1980, 0, old=True, default=None)
+    del one_board.nvmlDeviceGetCurrentClocksEventReasons  # its name before NVML 12.2 only
+    one_board.clocks, one_board.default_mhz = [(1980, 0)], None
     assert cuda.sm_clock(0) == cuda.SmClock(1980, 0, 1980)  # the maximum clock
 
 
 def test_sm_clock_without_nvml_or_a_readable_clock(
-    one_board: list[Any], monkeypatch: pytest.MonkeyPatch
+    one_board: FakeMachine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    nvml = fake_pynvml()
-
-    def refuse(*args: Any) -> Any:
-        raise FakeNVMLError("Not Supported")
-
-    nvml.nvmlDeviceGetCurrentClocksEventReasons = refuse
-    one_board[0] = nvml
+    one_board.clocks = [(1440, None)]  # NVML refuses the reasons
     assert cuda.sm_clock(0) == cuda.SmClock(1440, None, 1980)  # the clock, no reasons
-    nvml.nvmlDeviceGetClockInfo = refuse
+    one_board.clocks = []  # and the clock
     assert cuda.sm_clock(0) is None
     monkeypatch.setattr(discovery, "_nvml", lambda: None)
     assert cuda.sm_clock(0) is None
