@@ -35,9 +35,8 @@ CPU_BUILD_REASON = "torch 2.11.0+cpu was built without CUDA (a CPU-only build)"
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: object = None, /, **functions: Any) -> None:
-    """Each of :mod:`gpumagic.cuda`'s functions named as a public method of ``fake``'s
-    class (its bases included), or as a keyword, is replaced by it until ``monkeypatch``
-    is undone."""
+    """Each :mod:`gpumagic.cuda` function named as a public method of ``fake``'s class
+    (or a base), or as a keyword, is replaced by it until ``monkeypatch`` is undone."""
     names = {n for c in type(fake).__mro__ for n in vars(c) if n[0] != "_" and hasattr(cuda, n)}
     for name, function in ({n: getattr(fake, n) for n in names} | functions).items():
         monkeypatch.setattr(cuda, name, function)
@@ -359,9 +358,11 @@ class FakeAllocator:
             segments.append({"device": b["device"], "address": address, "blocks": [active, rest]})
         return {"segments": segments, "device_traces": [list(ring) for ring in self.events]}
 
+    def tensors_among(self, objects: Any) -> list[object]:
+        return [o for o in objects if self.tensor_facts(o) is not None]
+
     def tensor_facts(self, obj: object) -> cuda.TensorFacts | None:
-        """A :class:`FakeTensor`'s facts, as the seam gives a CUDA tensor's; not those of an
-        earlier planted run's allocator (on a GPU they would be another process's)."""
+        """A FakeTensor's facts, but not an earlier planted run's (another process's)."""
         if type(obj) is not FakeTensor or obj.owner is not self:
             return None
         device = f"cuda:{obj.device}"

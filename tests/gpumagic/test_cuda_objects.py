@@ -20,6 +20,17 @@ def test_graph_owners_are_the_non_leaf_tensors_with_their_grad_fn() -> None:
     assert found == [(owner, owner.grad_fn)]
 
 
+def test_tensors_among_a_heap_keeps_tensors_and_subclasses_in_order() -> None:
+    class Marked(torch.Tensor):
+        pass
+
+    plain, param = torch.ones(2), torch.nn.Parameter(torch.ones(2))
+    marked = torch.ones(2).as_subclass(Marked)
+    heap = ["text", plain, 3, param, {"t": plain}, marked, torch.float32]
+    found = cuda.tensors_among(heap)
+    assert [id(t) for t in found] == [id(plain), id(param), id(marked)]
+
+
 def test_modules_and_compiled_callables_are_recognised() -> None:
     model = torch.nn.Linear(2, 2)
     assert cuda.is_module(model)

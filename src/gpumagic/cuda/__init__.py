@@ -92,6 +92,7 @@ from gpumagic.cuda.objects import (
     is_module,
     start_torch,
     tensor_facts,
+    tensors_among,
     torch_device,
 )
 from gpumagic.cuda.op_counts import OpCounts, count_ops
@@ -200,6 +201,7 @@ __all__ = [
     "sync_after_each_op",
     "synchronize",
     "tensor_facts",
+    "tensors_among",
     "torch_device",
     "torch_flags",
     "torch_module",
