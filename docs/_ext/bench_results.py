@@ -550,6 +550,8 @@ FIGURES: dict[str, Figure] = {
                 "the pytest run",
             ),
         )
+        # On two GPUs the older plugin's file was not run (--before-src).
+        if (backend, short) != ("nccl", "before_wall")
     },
     "warm_ranks_gloo.warm_to_before": Figure(
         "warm_ranks_gloo",
@@ -1266,8 +1268,10 @@ def describe(run: Run) -> str:
     env = run.env
     versions = ", ".join(f"{label} {env[key]}" for key, label in VERSIONS if key in env)
     driver = f" (driver {env['driver']})" if env.get("driver") else ""
+    # "2 x NVIDIA H100", "CPU only (...)": already say how many.
+    one = "" if run.device[:1].isdigit() or run.device.startswith("CPU") else "one "
     return (
-        f"`benchmarks/{SCRIPTS.get(run.bench, run.bench)}` on {run.date}: one "
+        f"`benchmarks/{SCRIPTS.get(run.bench, run.bench)}` on {run.date}: {one}"
         f"{run.device}{driver}; {versions}. Result file: "
         f"`benchmarks/results/{run.file.name}`."
     )

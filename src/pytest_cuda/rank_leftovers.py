@@ -14,7 +14,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["RankState", "capture", "left_behind"]
+__all__ = ["LIBRARY_CACHE_VARIABLES", "RankState", "capture", "left_behind"]
+
+#: Variables torch sets, where they were unset, to the default it would use anyway, the
+#: first time a module is imported (``torch._dynamo``, imported lazily by DDP's
+#: constructor and ``torch.compile``, sets ``TORCHINDUCTOR_CACHE_DIR``): the next test
+#: sees what it would without them, so their appearing is not the test's leftover.
+LIBRARY_CACHE_VARIABLES = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ def left_behind(before: RankState, after: RankState) -> list[str]:
     ]
     for name in sorted(set(before.environ) | set(after.environ)):
         old, new = before.environ.get(name), after.environ.get(name)
-        if old == new:
+        if old == new or (old is None and name in LIBRARY_CACHE_VARIABLES):
             continue
         if new is None:
             lines.append(f"environment variable {name} unset (it was {old!r})")

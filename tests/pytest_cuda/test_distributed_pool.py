@@ -417,6 +417,19 @@ def test_left_behind_says_what_changed_and_how() -> None:
     assert left_behind(before, _state()) == []
 
 
+def test_a_cache_directory_torch_sets_on_import_is_not_a_leftover() -> None:
+    # DDP's constructor imports torch._dynamo, which sets TORCHINDUCTOR_CACHE_DIR to its
+    # default: the next test sees what it would have without it.
+    before = _state()
+    after = _state(environ={"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"})
+    assert left_behind(before, after) == []
+    changed = _state(environ={"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})
+    assert left_behind(after, changed) == [
+        "environment variable TORCHINDUCTOR_CACHE_DIR='/elsewhere' "
+        "(it was '/tmp/torchinductor_root')"
+    ]
+
+
 def test_a_peer_error_just_before_the_death_is_not_the_headline() -> None:
     spec = DistributedSpec(backend="gloo")
     dead = RankOutcome(1, "cpu", "exited", message="exit status 3", finished_at=1.0)
