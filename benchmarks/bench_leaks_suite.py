@@ -295,6 +295,8 @@ def main(
             }
         )
     base = rows[0]["wall_s"]
+    for row in rows:
+        row["ratio_to_loaded"] = row["wall_s"] / base
     print(
         f"\n[{name}] | configuration | wall (s), median | vs plugin loaded | teardown (s) | "
         "worst test's teardown growth (s) | tests | outcome changes | LEAKED | with line "

@@ -29,7 +29,8 @@ verdict and ``--sync-check`` the hidden syncs. The targets are checked last.
 
     python benchmarks/bench_timing.py [--json results.jsonl] [--trials 5]
 
-Appends one JSON object per measurement to ``--json`` and prints a markdown table last.
+Appends one JSON object per measurement to ``--json`` (each trial's as it ends) and prints a
+markdown table last.
 """
 
 from __future__ import annotations
@@ -271,6 +272,17 @@ def main() -> int:
     }
     records.append(env)
     print(json.dumps(env))
+    written = 0
+
+    def write_records() -> None:
+        """Append the records not yet written: each trial's as it ends, so a run cut
+        short (a time limit) keeps the trials it finished."""
+        nonlocal written
+        if args.json:
+            with open(args.json, "a") as out:
+                for record in records[written:]:
+                    out.write(json.dumps(record) + "\n")
+        written = len(records)
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gpumagic")
@@ -394,6 +406,7 @@ def main() -> int:
                     lambda w=w: triton.testing.do_bench(w.fn, return_mode="median") * 1e-3,
                 )
                 measure(trial, w, "gpumagic --cold", lambda w=w: gpumagic_cold(w))
+        write_records()
         print(f"trial {trial + 1}/{args.trials} done at {time.perf_counter() - started:.0f} s")
 
     for w in workloads:
@@ -413,10 +426,7 @@ def main() -> int:
     targets = check_targets(workloads, results, extra, summary)
     records.extend(summary)
     records.extend(targets)
-    if args.json:
-        with open(args.json, "a") as out:
-            for record in records:
-                out.write(json.dumps(record) + "\n")
+    write_records()
     print(
         f"\n%cudatime benchmark on {env['device']} | torch {env['torch']} | CUDA {env['cuda']}"
         f" | triton {env['triton']} | IPython {env['ipython']} | {env['date']}"

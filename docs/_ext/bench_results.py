@@ -61,6 +61,7 @@ SCRIPTS = {
     "sync": "bench_sync.py",
     "timing": "bench_timing.py",
     "timing_clocks": "bench_timing.py --only",
+    "timing_stability": "bench_timing_stability.py",
 }
 #: Version keys shown with a run, in this order, when its records have them.
 VERSIONS = (
@@ -1237,6 +1238,35 @@ def _timing_clock_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _table_timing_stability(run: Run) -> Table:
+    """Per strategy, over its rounds: the median of the rounds' medians and IQRs, the
+    clock range and the share of power-capped runs."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in run.rows(kind="strategy"):
+        by.setdefault(str(r["strategy"]), []).append(r)
+    base = statistics.median(r["median_s"] for r in by["back-to-back"])
+    rows = []
+    for name, rounds in by.items():
+        median = statistics.median(r["median_s"] for r in rounds)
+        iqr = statistics.median(r["rel_iqr"] for r in rounds)
+        clocks = [c for r in rounds for c in r["clocks_mhz"] if c is not None]
+        reasons = sorted({why for r in rounds for why in r["reasons"]})
+        rows.append(
+            [
+                name,
+                f"{median * 1e6:.1f} µs",
+                f"{median / base:.3f}",
+                f"{iqr:.2%}",
+                "yes" if iqr < 0.02 else "no",
+                f"{min(clocks)}–{max(clocks)}" if clocks else "–",
+                f"{statistics.mean(r['throttled_share'] for r in rounds):.0%}",
+                ", ".join(reasons) or "none",
+            ]
+        )
+    header = ["strategy", "per matmul", "vs back-to-back", "IQR (median of rounds)"]
+    return [*header, "IQR < 2 %", "SM MHz", "power-capped runs", "reasons"], rows
+
+
 def _targets(run: Run) -> Table | None:
     rows = [
         [str(t["target"]), str(t["measured"]), "yes" if t.get("met") else "no"]
@@ -1260,6 +1290,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "sync": _table_sync,
     "timing": _table_timing,
     "timing_clocks": _table_timing,
+    "timing_stability": _table_timing_stability,
 }
 
 
