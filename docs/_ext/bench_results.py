@@ -1258,7 +1258,7 @@ def _table_timing_stability(run: Run) -> Table:
                 f"{median / base:.3f}",
                 f"{iqr:.2%}",
                 "yes" if iqr < 0.02 else "no",
-                f"{min(clocks)}–{max(clocks)}" if clocks else "–",
+                f"{min(clocks)}\N{EN DASH}{max(clocks)}" if clocks else "none read",
                 f"{statistics.mean(r['throttled_share'] for r in rounds):.0%}",
                 ", ".join(reasons) or "none",
             ]
