@@ -14,13 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["LIBRARY_CACHE_VARIABLES", "RankState", "capture", "left_behind"]
-
-#: Variables torch sets, where they were unset, to the default it would use anyway, the
-#: first time a module is imported (``torch._dynamo``, imported lazily by DDP's
-#: constructor and ``torch.compile``, sets ``TORCHINDUCTOR_CACHE_DIR``): the next test
-#: sees what it would without them, so their appearing is not the test's leftover.
-LIBRARY_CACHE_VARIABLES = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})
+__all__ = ["RankState", "capture", "left_behind"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +48,7 @@ def left_behind(before: RankState, after: RankState) -> list[str]:
     ]
     for name in sorted(set(before.environ) | set(after.environ)):
         old, new = before.environ.get(name), after.environ.get(name)
-        if old == new or (old is None and name in LIBRARY_CACHE_VARIABLES):
+        if old == new or (old is None and _set_by_torch(name, new, after.environ)):
             continue
         if new is None:
             lines.append(f"environment variable {name} unset (it was {old!r})")
@@ -63,3 +57,23 @@ def left_behind(before: RankState, after: RankState) -> list[str]:
         else:
             lines.append(f"environment variable {name}={new!r} (it was {old!r})")
     return lines
+
+
+def _set_by_torch(name: str, value: str | None, environ: dict[str, str]) -> bool:
+    """``name=value`` is what torch puts in the environment where it was unset, the
+    default it would use anyway: ``TORCHINDUCTOR_CACHE_DIR`` when ``torch._dynamo`` is
+    first imported (DDP's constructor and ``torch.compile`` import it), and
+    ``TRITON_CACHE_DIR`` (that directory's ``triton/<device>``) when a compiled kernel
+    first runs. The next test sees what it would without them; any other value is the
+    test's."""
+    if name == "TORCHINDUCTOR_CACHE_DIR":
+        from gpumagic import cuda
+
+        return value is not None and value == cuda.torch_default_cache_dir()
+    if name == "TRITON_CACHE_DIR" and value is not None:
+        head, device = os.path.split(value)
+        inductor = environ.get("TORCHINDUCTOR_CACHE_DIR")
+        return (
+            device.isdigit() and inductor is not None and head == os.path.join(inductor, "triton")
+        )
+    return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from gpumagic import cuda
 from pytest_cuda.distributed import DistributedSpec, RankOutcome, verdict
 from pytest_cuda.rank_leftovers import RankState, left_behind
 
@@ -417,16 +418,34 @@ def test_left_behind_says_what_changed_and_how() -> None:
     assert left_behind(before, _state()) == []
 
 
-def test_a_cache_directory_torch_sets_on_import_is_not_a_leftover() -> None:
+def test_a_cache_directory_torch_sets_on_import_is_not_a_leftover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # DDP's constructor imports torch._dynamo, which sets TORCHINDUCTOR_CACHE_DIR to its
-    # default: the next test sees what it would have without it.
+    # default; a compiled kernel's first run sets TRITON_CACHE_DIR under it. The next
+    # test sees what it would have without them. Any other value is the test's.
+    monkeypatch.setattr(cuda, "torch_default_cache_dir", lambda: "/tmp/torchinductor_me")
     before = _state()
-    after = _state(environ={"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"})
+    after = _state(
+        environ={
+            "HOME": "/root",
+            "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_me",
+            "TRITON_CACHE_DIR": "/tmp/torchinductor_me/triton/1",
+        }
+    )
     assert left_behind(before, after) == []
+    elsewhere = _state(
+        environ={"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/elsewhere", "TRITON_CACHE_DIR": "/t"}
+    )
+    assert left_behind(before, elsewhere) == [
+        "environment variable TORCHINDUCTOR_CACHE_DIR='/elsewhere' (it was not set)",
+        "environment variable TRITON_CACHE_DIR='/t' (it was not set)",
+    ]
     changed = _state(environ={"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})
     assert left_behind(after, changed) == [
         "environment variable TORCHINDUCTOR_CACHE_DIR='/elsewhere' "
-        "(it was '/tmp/torchinductor_root')"
+        "(it was '/tmp/torchinductor_me')",
+        "environment variable TRITON_CACHE_DIR unset (it was '/tmp/torchinductor_me/triton/1')",
     ]
 
 

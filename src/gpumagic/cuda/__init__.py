@@ -84,7 +84,7 @@ from gpumagic.cuda.discovery import (
     torch_module,
     visible_devices,
 )
-from gpumagic.cuda.flags import torch_flags
+from gpumagic.cuda.flags import torch_default_cache_dir, torch_flags
 from gpumagic.cuda.objects import (
     TensorFacts,
     graph_owners,
@@ -202,6 +202,7 @@ __all__ = [
     "synchronize",
     "tensor_facts",
     "tensors_among",
+    "torch_default_cache_dir",
     "torch_device",
     "torch_flags",
     "torch_module",

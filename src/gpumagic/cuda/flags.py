@@ -1,4 +1,5 @@
-"""torch's process-wide flags that a test can change and the next test would inherit.
+"""torch's process-wide flags that a test can change and the next test would inherit,
+and the cache directory torch itself puts in the environment.
 
 Read without creating a CUDA context (the cuBLAS and cuDNN flags are plain settings of
 torch's global context), so a warm rank can compare them before and after each test.
@@ -6,11 +7,12 @@ torch's global context), so a warm rank can compare them before and after each t
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from gpumagic.cuda.discovery import torch_module
 
-__all__ = ["torch_flags"]
+__all__ = ["torch_default_cache_dir", "torch_flags"]
 
 
 def torch_flags() -> dict[str, str]:
@@ -36,3 +38,15 @@ def torch_flags() -> dict[str, str]:
             "torch.is_grad_enabled()": torch.is_grad_enabled(),
         }
     return {name: repr(value) for name, value in flags.items()}
+
+
+def torch_default_cache_dir() -> str | None:
+    """The directory torch's compiler caches use when ``TORCHINDUCTOR_CACHE_DIR`` is
+    unset: what torch writes into that variable the first time it needs it (importing
+    ``torch._dynamo`` does). ``None`` when this torch does not say."""
+    torch_module()
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
