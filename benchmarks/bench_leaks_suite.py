@@ -305,7 +305,7 @@ def main(
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['label']} | {row['wall_s']:.1f} | {row['wall_s'] / base:.3f} | "
+            f"| {row['label']} | {row['wall_s']:.1f} | {row['ratio_to_loaded']:.3f} | "
             f"{row['teardown_s']:.1f} | {row['worst_teardown_growth_s']:.2f} "
             f"({row['worst_teardown_test']}) | {row['tests']} | {len(row['changed'])} | "
             f"{len(row['leaked'])} | {row['with_line']} | {row['with_holder']} | "
