@@ -120,7 +120,11 @@ pytest_phase() {
   [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || status=1
 }
 if [ "$run_tests" = 1 ]; then
-  pytest_phase pytest-parallel "${marker}not gpu_timing" -n "$workers" --dist loadgroup -q
+  # A worker that dies is a failure to read, not to retry: under --dist loadgroup,
+  # pytest-xdist 3.8 can wait forever after replacing one (pytest-dev/pytest-xdist#1378).
+  # A test that hangs writes every thread's stack to the log after 300 s.
+  pytest_phase pytest-parallel "${marker}not gpu_timing" -n "$workers" --dist loadgroup -q \
+    --max-worker-restart=0 -o faulthandler_timeout=300
   pytest_phase pytest-timing "${marker}gpu_timing" -q
 fi
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from gpumagic import cuda
 from gpumagic.stacks import FrameFilter
 from gpumagic.units import format_bytes
-from pytest_cuda.leak_paths import Step, key_of, render, step_between
+from pytest_cuda.leak_paths import Step, key_of, referents, render, step_between
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -330,7 +330,7 @@ def _walk_up(
 def _walk_down(
     targets: dict[tuple[str, int], _Target], facts: Facts, budget: _Budget, unshown: bool
 ) -> bool:
-    """From every module's namespace down the references (:func:`gc.get_referents`),
+    """From every module's namespace down the references (:func:`referents`),
     breadth first, to the leaked tensors the walk up did not reach (objects frozen by
     :func:`gc.freeze` are invisible to :func:`gc.get_referrers`, not to this walk); with
     ``unshown``, every object is asked (``facts``) whether it is a leaked tensor too. A
@@ -353,7 +353,7 @@ def _walk_down(
             if budget.spent():
                 return False
             try:
-                children = gc.get_referents(obj)
+                children = referents(obj)
             except Exception:
                 continue
             for child in children:
@@ -397,7 +397,7 @@ def _place(
 
 def _children_in(ref: object, by_id: dict[int, list[_Node]]) -> list[object]:
     try:
-        return [child for child in gc.get_referents(ref) if id(child) in by_id]
+        return [child for child in referents(ref) if id(child) in by_id]
     except Exception:
         return []
 

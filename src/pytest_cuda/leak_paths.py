@@ -15,9 +15,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Step", "key_of", "render", "step_between"]
+__all__ = ["Step", "key_of", "referents", "render", "step_between"]
 
 Step = tuple[str, Any]  # ("key", k) | ("index", i) | ("attr", name) | ("dictof", None) | ...
+
+
+def referents(obj: object) -> list[Any]:
+    """What ``obj`` refers to (:func:`gc.get_referents`); of a module, its namespace only.
+
+    A module's C state is never read: on CPython 3.12.0-3.12.5 the ``_asyncio`` module
+    hands out the freed future iterators of its free list there (CPython gh-122695), and
+    touching them corrupts the heap: a later collection crashes the process or never
+    ends. What a module holds for Python code is in its namespace."""
+    if isinstance(obj, types.ModuleType):
+        namespace = getattr(obj, "__dict__", None)
+        return [namespace] if isinstance(namespace, dict) else []
+    return gc.get_referents(obj)
 
 
 def step_between(ref: object, child: object) -> Step | None:

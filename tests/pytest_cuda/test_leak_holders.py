@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import gc
+import subprocess
 import sys
+import textwrap
 import types
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -317,6 +319,60 @@ def test_when_no_tensor_shows_any_block_the_holder_line_says_it_once() -> None:
     assert [h.kind for h in found.holders] == [UNSHOWN]
     assert "no Python tensor object shows the leaked blocks" not in found.notes
     assert found.first() is None
+
+
+def test_the_walk_reads_a_module_through_its_namespace_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio  # noqa: F401 -- its C module is among those the walk meets
+
+    asked: list[types.ModuleType] = []
+    real = gc.get_referents
+
+    def spy(*objs: object) -> list[object]:
+        asked.extend(obj for obj in objs if isinstance(obj, types.ModuleType))
+        return real(*objs)
+
+    monkeypatch.setattr(gc, "get_referents", spy)
+    objects = gc.get_objects()
+    found = find_block_holders(objects, [Block(0, 1 << 60, 512, 100)], blob_facts)
+    del objects
+    assert [h.kind for h in found.holders] == [UNSHOWN]
+    assert asked == []
+
+
+FREED_FUTURE_ITERATORS = """
+import asyncio, gc
+from gpumagic.stacks import Block
+from pytest_cuda.leak_blocks import find_block_holders
+
+async def main():
+    future = asyncio.get_running_loop().create_future()
+    iterators = [iter(future) for _ in range(20)]
+    del iterators  # on _asyncio's free list now
+    future.cancel()
+
+asyncio.run(main())
+find_block_holders(gc.get_objects(), [Block(0, 1 << 60, 512, 100)], lambda obj: None)
+for _ in range(3):
+    gc.collect()
+print("collected")
+"""
+
+
+def test_a_suite_that_ran_asyncio_survives_the_walk() -> None:
+    # CPython gh-122695: on 3.12.0-3.12.5, reading the _asyncio module's C state hands
+    # out freed future iterators; the walk did, and the next collection never ended
+    # (or the process died), seen as a hung or crashed xdist worker on the GPU machine.
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FREED_FUTURE_ITERATORS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "collected"
 
 
 TORCH_FRAME = Frame("/venv/lib/python3.12/site-packages/torch/nn/modules/rnn.py", 1123, "forward")
