@@ -11,7 +11,6 @@ import functools
 import gc
 import subprocess
 import sys
-import textwrap
 import types
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -365,7 +364,7 @@ def test_a_suite_that_ran_asyncio_survives_the_walk() -> None:
     # out freed future iterators; the walk did, and the next collection never ended
     # (or the process died), seen as a hung or crashed xdist worker on the GPU machine.
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(FREED_FUTURE_ITERATORS)],
+        [sys.executable, "-c", FREED_FUTURE_ITERATORS],
         capture_output=True,
         text=True,
         timeout=120,
