@@ -212,9 +212,11 @@ def test_without_nvml_the_clocks_are_unknown_and_nothing_is_said(seam: FakeSeam)
     assert result.default_clock_mhz is None
     assert not result.throttled
     assert "MHz" not in result.text()
-    # No clock is claimed (the generic spread warning, on a loaded host, may list "clock
-    # changes" among its possible causes: that is no reading).
-    said = [t for t in result.warnings + result.notes if not t.startswith("the spread is large")]
+    # No clock is claimed. The generic warnings read from the run times alone (a large
+    # spread, a first run faster than the later ones), which a loaded host can trigger
+    # here, may name clock changes among their possible causes: that is no reading.
+    generic = ("the spread is large", "the first run was")
+    said = [t for t in result.warnings + result.notes if not t.startswith(generic)]
     assert "clock" not in " ".join(said)
 
 
