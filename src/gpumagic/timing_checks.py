@@ -26,9 +26,11 @@ __all__ = [
     "clock_range",
     "cold_row",
     "cold_warning",
+    "events_row",
     "gap_row",
     "is_throttling",
     "outlier_note",
+    "pass_clocks",
     "reason_names",
     "split_off_clock",
     "throttle_line",
@@ -60,6 +62,8 @@ BELOW_DEFAULT = 0.05
 CLOCK_OUTLIER = 0.10
 #: Cold over warm single calls under this: the flush made no difference worth the name.
 COLD_SAME = 1.03
+#: Two passes whose median clocks differ by more than this ran at different clocks.
+PASS_CLOCKS = 0.02
 
 
 def reason_names(mask: int) -> list[str]:
@@ -113,7 +117,7 @@ def throttle_line(
     span = clock_range(clocks)
     assert span is not None
     low, _, high = span
-    ran = f"{low}\u2013{high} MHz" if low != high else f"{low} MHz"
+    ran = _span(span)
     why = "; ".join(reasons) if reasons else "NVML gave no reason"
     known = len(_known(clocks))
     if limited_runs and limited_runs < known:
@@ -149,6 +153,44 @@ def split_off_clock(clocks: Sequence[int | None]) -> tuple[list[int], list[int]]
     if 2 * len(apart) >= len(clocks):
         return list(range(len(clocks))), []
     return keep, apart
+
+
+def pass_clocks(events: Sequence[int | None], profiled: Sequence[int | None]) -> str | None:
+    """``--timer cupti``'s events row, when its runs (without the profiler) ran at
+    another clock than the profiled runs: both ranges, and where the two timers meet at
+    one clock; ``None`` when the medians are within :data:`PASS_CLOCKS` or unknown."""
+    ours, theirs = clock_range(events), clock_range(profiled)
+    if ours is None or theirs is None or abs(ours[1] - theirs[1]) <= PASS_CLOCKS * theirs[1]:
+        return None
+    return (
+        f"ran at {_span(ours)}, the profiled runs at {_span(theirs)}: the ratio compares "
+        "two clocks; the gaps row compares the same loops at one"
+    )
+
+
+def events_row(
+    timings: Sequence[float],
+    cupti: float,
+    clocks: tuple[Sequence[int | None], Sequence[int | None]],
+    precision: int,
+) -> tuple[str, str, str]:
+    """``--timer cupti``'s ``events`` row: the median of the event runs ``timings`` made
+    without the profiler, against the ``cupti`` headline; ``clocks``: the event runs'
+    and the profiled runs' SM clocks (:func:`pass_clocks`)."""
+    events, n = quantile(list(timings), 0.5), len(timings)
+    detail = f"CUDA events, median of {n} run{'s' if n != 1 else ''} without the profiler"
+    detail += f" · {events / cupti:.3f}\u00d7 CUPTI"
+    apart = pass_clocks(*clocks)
+    return (
+        "events",
+        f"{format_time(events, precision)} per loop",
+        detail + (f" · {apart}" if apart else ""),
+    )
+
+
+def _span(clocks: tuple[int, int, int]) -> str:
+    low, _, high = clocks
+    return f"{low}\u2013{high} MHz" if low != high else f"{low} MHz"
 
 
 def outlier_note(

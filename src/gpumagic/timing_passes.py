@@ -95,10 +95,16 @@ class Passes:
         self.default_mhz = reading.default_mhz
         return dataclasses.replace(run, sm_mhz=reading.mhz, clock_reasons=reading.reasons)
 
-    def _apply_clocks(self, result: CudaTimeResult, runs: Sequence[Run]) -> None:
-        """Put the clocks of ``runs`` (those behind ``result.all_runs``) on the result:
-        the range, NVML's reasons, the runs set apart by their clock (dropped with
-        ``--clock-outliers drop``), and one line when the GPU was held back."""
+    def _apply_clocks(
+        self, result: CudaTimeResult, runs: Sequence[Run], profiled: Sequence[Run] | None
+    ) -> None:
+        """Put the clocks of the runs behind ``result.all_runs`` (``profiled`` under
+        ``--timer cupti``, where ``runs`` are the event runs beside them, else ``runs``)
+        on the result: the range, NVML's reasons, the runs set apart by their clock
+        (dropped with ``--clock-outliers drop``), and one line when the GPU was held back."""
+        if profiled is not None:
+            result.event_clocks_mhz = [r.sm_mhz for r in runs]
+            runs = profiled
         clocks = [r.sm_mhz for r in runs]
         if len(runs) != len(result.all_runs):
             return  # --timer cupti's runs taken together: no clock per run

@@ -188,6 +188,8 @@ class CudaTimeResult:
     #: ``--timer cupti``: the per-loop time of each run on CUDA events, measured without
     #: the profiler, shown beside the headline.
     event_timings: list[float] = field(default_factory=list)
+    #: ``--timer cupti``: the SM clock in MHz read right after each of those event runs.
+    event_clocks_mhz: list[int | None] = field(default_factory=list)
     #: The SM clock in MHz read right after each run of :attr:`all_runs` (``None``: not
     #: read); empty where NVML is unavailable and on the host.
     run_clocks_mhz: list[int | None] = field(default_factory=list)
@@ -397,13 +399,12 @@ class CudaTimeResult:
             out.append(("", "", detail))
             events = self.events_time
             if self.timer == "cupti" and events is not None:
-                n = len(self.event_timings)
                 out.append(
-                    (
-                        "events",
-                        f"{self._t(events)} per loop",
-                        f"CUDA events, median of {n} run{'s' if n != 1 else ''} without the "
-                        f"profiler · {events / self.median:.3f}{TIMES} CUPTI",
+                    checks.events_row(
+                        self.event_timings,
+                        self.median,
+                        (self.event_clocks_mhz, self.run_clocks_mhz),
+                        self.precision,
                     )
                 )
             out.append(

@@ -196,7 +196,7 @@ class Timer(Passes):
         runs = self._runs(measure, loops, primary="gpu", unroll=unroll)
         result = self._result(runs, clock="gpu", mode=mode, first_call=first_call)
         profiled = self._extra_passes(result, measure, loops, unroll)
-        self._apply_clocks(result, runs if profiled is None else profiled)
+        self._apply_clocks(result, runs, profiled)
         return Measured(result, runs)
 
     def _calibrate(self) -> None:
@@ -414,7 +414,7 @@ class Timer(Passes):
             return total
 
         profiled = self._extra_passes(result, profiled_measure, COLD_PASS_LOOPS, 1, flushes=True)
-        self._apply_clocks(result, runs if profiled is None else profiled)
+        self._apply_clocks(result, runs, profiled)
         return Measured(result, runs)
 
     def _cold_check(self, result: CudaTimeResult) -> None:

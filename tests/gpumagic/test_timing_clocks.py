@@ -309,6 +309,45 @@ def test_timer_cupti_makes_cupti_the_headline_with_events_beside(seam: FakeSeam)
     assert "gaps" in text
 
 
+def test_timer_cupti_events_row_names_the_clocks_when_the_passes_ran_at_two(
+    seam: FakeSeam, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seam.fixed_span = 2e-3
+    seam.busy_us = 1800.0
+    seam.machine.clocks = [(1440, POWER_CAP)]  # the event runs
+
+    def hotter(*args: Any, **kwargs: Any) -> cuda.KernelProfile:
+        seam.machine.clocks = [(1290, POWER_CAP), (1305, POWER_CAP)]  # the profiled runs
+        seam.machine.clock_reads = 0
+        return seam.profile_kernels(*args, **kwargs)
+
+    install(monkeypatch, profile_kernels=hotter)
+    result = time_cuda(counting(seam, 1e-6), TimingOptions(budget=0.2, timer="cupti"))
+    assert result.timer == "cupti"
+    assert set(result.event_clocks_mhz) == {1440}
+    assert len(result.event_clocks_mhz) == len(result.event_timings)
+    assert result.clocks_mhz == (1290, 1305, 1305)
+    (events,) = [row for row in result.rows() if row[0] == "events"]
+    assert events[2].endswith(
+        "CUPTI · ran at 1440 MHz, the profiled runs at 1290\u20131305 MHz: the ratio "
+        "compares two clocks; the gaps row compares the same loops at one"
+    )
+    assert "the profiled runs at 1290" in result._repr_html_()
+    assert result.to_dict()["event_clocks_mhz"] == result.event_clocks_mhz
+
+
+def test_timer_cupti_events_row_is_quiet_when_both_passes_ran_at_one_clock(
+    seam: FakeSeam,
+) -> None:
+    seam.fixed_span = 2e-3
+    seam.busy_us = 1800.0
+    seam.machine.clocks = [(1440, POWER_CAP), (1455, POWER_CAP)]
+    result = time_cuda(counting(seam, 1e-6), TimingOptions(budget=0.2, timer="cupti"))
+    assert checks.pass_clocks(result.event_clocks_mhz, result.run_clocks_mhz) is None
+    assert "profiled runs at" not in result.text()
+    assert checks.pass_clocks([None, None], [1290]) is None  # unknown: nothing said
+
+
 def test_timer_cupti_falls_back_to_events_and_says_so(
     seam: FakeSeam, monkeypatch: pytest.MonkeyPatch
 ) -> None:
