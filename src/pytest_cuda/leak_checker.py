@@ -299,9 +299,9 @@ class LeakChecker:
         # Usually the function-scoped fixtures' values: freed at once by refcount.
         _release_test_references(check.item)
         # The collection walks only what the test made where the older heap is frozen;
-        # else (something else froze objects first: Python 3.12 does at start-up) it
-        # would walk the whole heap, so it waits until the walk has not proven the
-        # leak alive, as a collection of the older objects does.
+        # else (the collector is off, or the user froze objects first) it would walk
+        # the whole heap, so it waits until the walk has not proven the leak alive, as
+        # a collection of the older objects does.
         source = self.source if self.heap.frozen else _without(self.source, FULL_COLLECTION)
         result = settle(baseline, source, check.tolerance, held=check.held)
         if not result.clean:

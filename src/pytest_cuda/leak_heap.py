@@ -13,16 +13,41 @@ and collects everything (:meth:`TestHeap.collect_everything`) whenever the holde
 prove the leaked memory reachable.
 
 Never touches a collector the user changed: when gc is disabled or something is frozen
-already (the user's own :func:`gc.freeze`; Python 3.12 freezes a few hundred objects at
-start-up), :meth:`TestHeap.begin` freezes nothing; the checker then collects the young
-generations, and the whole heap only where the holder walk proved nothing.
+already by someone (the user's own :func:`gc.freeze`, a plugin's), :meth:`TestHeap.begin`
+freezes nothing; the checker then collects the young generations, and the whole heap
+only where the holder walk proved nothing. What the interpreter freezes by itself is no
+one's change (:func:`interpreter_frozen`: CPython 3.12 freezes a few hundred immortal
+tuples of its built-in types at start-up): the boundary is drawn on top of it, and the
+first thaw puts those tuples into the oldest generation with the rest, as any
+:func:`gc.unfreeze` does (immortal, no collection frees them).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import subprocess
+import sys
 
-__all__ = ["TestHeap"]
+__all__ = ["TestHeap", "interpreter_frozen"]
+
+
+@functools.cache
+def interpreter_frozen() -> int:
+    """How many objects this interpreter freezes by itself before any code runs: read
+    once from a bare interpreter of the same executable (``-I -S``); 0 when that cannot
+    be run (then nothing frozen counts as the interpreter's)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", "import gc; print(gc.get_freeze_count())"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return int(done.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return 0
 
 
 class TestHeap:
@@ -37,11 +62,14 @@ class TestHeap:
         self.frozen_before = 0
 
     def begin(self) -> None:
-        """Freeze the heap as it is, unless the collector is off or already frozen."""
+        """Freeze the heap as it is, unless the collector is off or someone froze
+        objects already (the interpreter's own start-up freeze aside)."""
         if self.frozen:
             return
         self.frozen_before = gc.get_freeze_count()
-        if not gc.isenabled() or self.frozen_before:
+        if not gc.isenabled():
+            return
+        if self.frozen_before and self.frozen_before != interpreter_frozen():
             return
         gc.freeze()
         self.frozen = True

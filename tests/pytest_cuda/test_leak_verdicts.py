@@ -227,21 +227,31 @@ def test_a_block_no_tensor_shows_says_nothing_in_python_holds_it(
 # heap (the checker then leaves the collector alone), and in-process runs keep objects.
 
 
-@pytest.mark.parametrize("frozen_first", [False, True], ids=["own-freeze", "frozen-at-start"])
+@pytest.mark.parametrize("frozen_first", [False, True], ids=["own-freeze", "frozen-by-a-plugin"])
 def test_only_garbage_with_older_objects_needs_the_whole_heap_collected(
-    pytester: pytest.Pytester, planted: Callable[[str], None], frozen_first: bool
+    pytester: pytest.Pytester,
+    planted: Callable[[str], None],
+    frozen_first: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Also where objects were frozen before the session (Python 3.12 freezes a few
-    hundred at start-up): the checker cannot freeze the heap per test then, collects
-    the young generations, and the whole heap only where the walk proved nothing."""
+    """Also where a plugin froze objects before the session: the checker cannot freeze
+    the heap per test then, collects the young generations, and the whole heap only
+    where the walk proved nothing. What the interpreter froze by itself (CPython 3.12's
+    start-up tuples) does not stop the checker's own freeze."""
+    monkeypatch.setenv("CHECKER_FREEZES", "0" if frozen_first else "1")
     planted(
         """
         import gc
+        import os
 
         import pytest
 
         KEEP = []
         FROZEN_BEFORE = gc.get_freeze_count()
+
+        def test_the_checker_froze_the_older_heap(fake_cuda):
+            froze = gc.get_freeze_count() > FROZEN_BEFORE
+            assert froze == (os.environ["CHECKER_FREEZES"] == "1"), gc.get_freeze_count()
 
         class Old:
             pass
@@ -275,7 +285,7 @@ def test_only_garbage_with_older_objects_needs_the_whole_heap_collected(
         "-v",
         "--cuda-leak-report=leaks.json",
     )
-    assert result.parseoutcomes() == {"passed": 4, "leaked": 1}
+    assert result.parseoutcomes() == {"passed": 5, "leaked": 1}
     rows = {
         r["nodeid"].split("::")[1]: r
         for r in json.loads((pytester.path / "leaks.json").read_text())["tests"]
