@@ -6,7 +6,10 @@ object of the process; with the heap that existed before the test frozen
 only what the test made. This measures, on a heap of about 1.4 million tracked objects
 (the size of a process with torch and a large suite loaded): one freeze and unfreeze,
 a full collection, and a collection with the older heap frozen while a test's worth of
-new objects (2,000 lists) is alive. No GPU is involved::
+new objects (2,000 lists) is alive; and the search for a leaking test's tensors (one
+type check per object) over the whole heap, against over what the test made, with
+whether :class:`~pytest_cuda.leak_heap.TestHeap` draws the boundary on this interpreter
+(CPython 3.12 freezes objects of its own at start-up). No GPU is involved::
 
     python benchmarks/bench_gc_freeze.py [--json FILE]
 """
@@ -24,6 +27,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pytest_cuda.leak_heap import TestHeap, interpreter_frozen
+
 
 def _median_s(run: object, repeat: int) -> float:
     times = []
@@ -34,9 +39,21 @@ def _median_s(run: object, repeat: int) -> float:
     return statistics.median(times)
 
 
+class _Tensor:
+    """Stands for a tensor: what the search keeps."""
+
+
+def _search(objects: list[object]) -> list[object]:
+    return [o for o in objects if type(o) is _Tensor]
+
+
 def measure(objects: int = 700_000, repeat: int = 7) -> dict[str, float]:
     heap = [{"i": i, "l": [i]} for i in range(objects)]  # two tracked objects each
     gc.collect()
+    boundary = TestHeap()
+    boundary.begin()
+    drawn = boundary.frozen
+    boundary.thaw()
 
     def freeze_unfreeze() -> None:
         gc.freeze()
@@ -51,8 +68,26 @@ def measure(objects: int = 700_000, repeat: int = 7) -> dict[str, float]:
             del young
             gc.unfreeze()
 
+    def search_young() -> None:
+        gc.freeze()
+        young = [_Tensor() for _ in range(100)] + [[j] for j in range(2000)]
+        try:
+            _search(gc.get_objects())
+        finally:
+            del young
+            gc.unfreeze()
+
+    def search_whole() -> None:
+        young = [_Tensor() for _ in range(100)] + [[j] for j in range(2000)]
+        _search(gc.get_objects())
+        del young
+
     found = {
         "tracked_objects": float(len(gc.get_objects())),
+        "interpreter_frozen": float(interpreter_frozen()),
+        "boundary_drawn": float(drawn),
+        "search_whole_ms": _median_s(search_whole, repeat) * 1e3,
+        "search_young_ms": _median_s(search_young, repeat) * 1e3,
         "freeze_unfreeze_us": _median_s(freeze_unfreeze, 1000) * 1e6,
         "full_collect_ms": _median_s(gc.collect, repeat) * 1e3,
         "frozen_collect_ms": _median_s(frozen_collect, repeat) * 1e3,

@@ -582,6 +582,18 @@ FIGURES: dict[str, Figure] = {
         "{:.2f} ms",
         "a collection with the older heap frozen",
     ),
+    "gc_freeze.search_whole_ms": Figure(
+        "gc_freeze",
+        functools.partial(_summary, key="search_whole_ms"),
+        "{:.0f} ms",
+        "the search for a leaking test's tensors over the whole heap",
+    ),
+    "gc_freeze.search_young_ms": Figure(
+        "gc_freeze",
+        functools.partial(_summary, key="search_young_ms"),
+        "{:.2f} ms",
+        "the same search over what the test made",
+    ),
     "leaks_suite_torch.ratio": Figure(
         "leaks_suite_torch",
         lambda run: float(run.one(label="PyTorch CudaMemoryLeakCheck")["ratio"]),
@@ -1020,6 +1032,16 @@ def _table_gc_freeze(run: Run) -> Table:
         ["`gc.collect()`, the whole heap", f"{found['full_collect_ms']:.0f} ms"],
         ["`gc.collect()`, the older heap frozen", f"{found['frozen_collect_ms']:.2f} ms"],
     ]
+    if "search_whole_ms" in found:
+        drawn = "drawn" if found["boundary_drawn"] else "not drawn"
+        rows += [
+            ["the search for the tensors, the whole heap", f"{found['search_whole_ms']:.1f} ms"],
+            ["the search, what the test made", f"{found['search_young_ms']:.2f} ms"],
+            [
+                f"objects the interpreter froze itself: {found['interpreter_frozen']:.0f}",
+                f"boundary {drawn}",
+            ],
+        ]
     return ["what", "median"], rows
 
 
