@@ -186,6 +186,7 @@ def watch_job(
     ended: dict[int, float] = {}
     start = time.monotonic()
     timed_out = _watch(procs, folder, job.spec, ended, startup_limit(job.spec))
+    decided = time.monotonic()  # what a stopped rank says after this, the stop made
     stopped = [rank for rank in range(len(procs)) if rank not in ended]
     if stopped:
         _dump_stacks(procs, stopped, folder)
@@ -201,6 +202,7 @@ def watch_job(
             stopped=rank in stopped,
             start=start,
             ended=ended.get(rank, stop),
+            decided=decided,
         )
         for rank, proc in enumerate(procs)
     ]
@@ -302,15 +304,21 @@ def _outcome(
     stopped: bool,
     start: float,
     ended: float,
+    decided: float | None = None,
 ) -> RankOutcome:
     """How ``rank`` ended, from its files. ``finished_at`` (seconds since ``start``):
     when the rank says it failed (``time.monotonic()``, one clock for every process of
     the host), else ``ended``, when the launcher saw it end; a rank that failed
-    because another did may end within the same poll."""
+    because another did may end within the same poll. A stopped rank's failure dated
+    after ``decided`` (when the launcher chose to stop the ranks still running) is the
+    stop's doing: a peer killed or dumping its stack breaks the collective this rank
+    was waiting in; the rank was still running at the limit, and is reported so."""
     out = _read(out_path(folder, rank))
     err = _read(err_path(folder, rank))
     stack = _read(stack_path(folder, rank)) if stopped else ""
     result = _json(result_path(folder, rank))
+    if stopped and decided is not None and float(result.get("at", decided - 1)) >= decided:
+        result = {}
     # Without a result, a body record: its test body ended well and it waited for the
     # others, until it was stopped.
     record = result or _json(body_path(folder, rank))
