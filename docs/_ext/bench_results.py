@@ -53,6 +53,7 @@ SCRIPTS = {
     "leaks_suite": "bench_leaks.py --suite (the harness before suites that grow)",
     "leaks_growing": "bench_leaks.py --suite",
     "gc_freeze": "bench_gc_freeze.py",
+    "holder_walk": "bench_holder_walk.py",
     "warm_ranks_gloo": "bench_warm_ranks.py",
     "warm_ranks_nccl": "bench_warm_ranks.py",
     "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
@@ -593,6 +594,28 @@ FIGURES: dict[str, Figure] = {
         functools.partial(_summary, key="search_young_ms"),
         "{:.2f} ms",
         "the same search over what the test made",
+    ),
+    "holder_walk.ratio_limited": Figure(
+        "holder_walk",
+        lambda run: statistics.median(
+            float(r["ratio_to_thawed"]) for r in run.rows(kind="summary") if r["budget_s"]
+        ),
+        "{:.2f}",
+        "the young-first walk ÷ the thawed-first one, 0.3 s limit (median over tests)",
+    ),
+    "holder_walk.ratio_trace": Figure(
+        "holder_walk",
+        lambda run: statistics.median(
+            float(r["ratio_to_thawed"]) for r in run.rows(kind="summary") if r["budget_s"] is None
+        ),
+        "{:.2f}",
+        "the young-first walk ÷ the thawed-first one, no limit (median over tests)",
+    ),
+    "holder_walk.young_ms": Figure(
+        "holder_walk",
+        lambda run: max(float(r["young_s"]) for r in run.rows(kind="summary")) * 1e3,
+        "{:.0f} ms",
+        "the slowest young-first walk",
     ),
     "leaks_suite_torch.ratio": Figure(
         "leaks_suite_torch",
@@ -1260,6 +1283,27 @@ def _timing_clock_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _table_holder_walk(run: Run) -> Table:
+    """Per test and limit: the walk with the heap thawed first (the anchor) and young
+    first, medians over the rounds, and whether each got to its end."""
+    rows = []
+    for r in run.rows(kind="summary"):
+        limit = "none (trace)" if r["budget_s"] is None else f"{r['budget_s']:g} s"
+        done = r["complete"]
+        rows.append(
+            [
+                str(r["case"]),
+                limit,
+                f"{r['thawed_s'] * 1e3:.0f} ms" + ("" if done["thawed first"] else " (cut)"),
+                f"{r['young_s'] * 1e3:.0f} ms" + ("" if done["young first"] else " (cut)"),
+                f"{r['ratio_to_thawed']:.2f}",
+                str(r["holders"]["young first"][0]) if r["holders"]["young first"] else "",
+            ]
+        )
+    header = ["leaking test (CPU variant)", "limit", "thawed first", "young first"]
+    return [*header, "ratio", "the first holder line (young first)"], rows
+
+
 def _table_timing_stability(run: Run) -> Table:
     """Per strategy, over its rounds: the median of the rounds' medians and IQRs, the
     clock range and the share of power-capped runs."""
@@ -1305,6 +1349,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "leaks_suite_torch": _table_leaks_suite_torch,
     "leaks_growing": _table_leaks_growing,
     "gc_freeze": _table_gc_freeze,
+    "holder_walk": _table_holder_walk,
     "warm_ranks_gloo": _table_warm_ranks,
     "warm_ranks_nccl": _table_warm_ranks,
     "lprun": _table_lprun,

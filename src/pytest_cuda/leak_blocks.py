@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from gpumagic.stacks import Block
-    from pytest_cuda.leak_holders import Facts
+    from pytest_cuda.leak_graphs import Facts
 
 __all__ = ["GRAPH_POOL", "UNSHOWN", "find_block_holders"]
 
@@ -40,6 +40,7 @@ def find_block_holders(
     *,
     budget_s: float | None = None,
     frozen_before: int | None = None,
+    thaw: Callable[[], None] | None = None,
 ) -> LeakHolderScan:
     """:func:`find_leak_holders` for the tensors whose storage lies in one of ``blocks``
     (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
@@ -50,7 +51,7 @@ def find_block_holders(
     pool, or was allocated inside a library call (its innermost recorded frame is not
     the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
     state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
-    ``budget_s``, ``frozen_before``: see :func:`find_leak_holders`.
+    ``budget_s``, ``frozen_before``, ``thaw``: see :func:`find_leak_holders`.
     """
     spans: dict[str, list[Block]] = {}
     for block in blocks:
@@ -88,6 +89,7 @@ def find_block_holders(
         budget_s=budget_s,
         covered=covered,
         frozen_before=frozen_before,
+        thaw=thaw,
     )
     shown = {(b.device, b.address) for b in block_of.values()}
     hidden: dict[tuple[str, str], list[Block]] = {}

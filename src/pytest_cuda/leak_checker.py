@@ -59,7 +59,7 @@ from pytest_cuda.leaks import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Sequence
+    from collections.abc import Callable, Generator, Sequence
     from types import TracebackType
 
 __all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check"]
@@ -306,8 +306,10 @@ class LeakChecker:
         result = settle(baseline, source, check.tolerance, held=check.held)
         if not result.clean:
             young = self.heap.young_objects()  # where the test's own tensors are
-            self.heap.thaw()  # the walk up must see every referrer
-            result = self._stacks(check, result, young)
+            # The walk goes up among them first, and thaws before it scans the whole
+            # heap (the first step that needs to).
+            result = self._stacks(check, result, young, self.heap.thaw)
+            self.heap.thaw()
             del young
             if not (result.holders is not None and result.holders.alive):
                 result = self._collect_whole_heap(check, result)
@@ -334,7 +336,11 @@ class LeakChecker:
         return replace(self._stacks(check, again, None), released=released)
 
     def _stacks(
-        self, check: _Check, result: LeakResult, objects: Sequence[object] | None
+        self,
+        check: _Check,
+        result: LeakResult,
+        objects: Sequence[object] | None,
+        thaw: Callable[[], None] | None = None,
     ) -> LeakResult:
         if self.recording is None:
             return result
@@ -351,6 +357,7 @@ class LeakChecker:
             objects=objects,
             budget_s=self.search_s,
             frozen_before=self.heap.frozen_before,
+            thaw=thaw if self.heap.frozen else None,
         )
         return replace(result, stacks=stacks, holders=holders)
 

@@ -1,7 +1,9 @@
 """Who holds leaked memory: from each leaked tensor up to a root a person recognises.
 
 Runs only for a test already judged leaking. The walk goes *up* the references
-(:func:`gc.get_referrers`, one heap scan per level for all tensors at once) to a root: a
+(:func:`gc.get_referrers`, one heap scan per level for all tensors at once; only the
+test's own objects while the older heap is still frozen, :mod:`pytest_cuda.leak_young`)
+to a root: a
 module global (``mymod._cache['x']``), a class attribute, a ``functools.lru_cache``
 (saying when its keys hold test instances), a closure cell, a pytest fixture's value,
 or a library's global ("library cache": by design, not the user's leak). Tensors an
@@ -21,21 +23,28 @@ import gc
 import sys
 import time
 import types
-import unittest
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from gpumagic import cuda
-from gpumagic.stacks import FrameFilter
 from gpumagic.units import format_bytes
+from pytest_cuda.leak_graphs import saved_tensors
 from pytest_cuda.leak_paths import Step, key_of, referents, render, step_between
+from pytest_cuda.leak_roots import (
+    closure_owner,
+    fixture_name,
+    is_library,
+    is_test_instance,
+    named_by_module,
+    test_instances_in_keys,
+)
+from pytest_cuda.leak_young import counts_references, young_referrers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
-    Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
+    from pytest_cuda.leak_graphs import Facts
+
     #: ``explain(key, searched)``: the ``(path, kind)`` of a storage no root reached;
     #: ``searched``: nothing was out of the walk's sight (no time limit, nothing frozen).
     Explain = Callable[[tuple[str, int], bool], tuple[str, str] | None]
@@ -56,8 +65,6 @@ NO_TENSOR = "no Python tensor object shows the leaked blocks"
 #: How far up the walk goes, and how many objects one level may hold.
 MAX_DEPTH = 12
 MAX_FRONTIER = 2_000
-#: How many autograd graph nodes are read when looking for saved tensors.
-MAX_GRAPH_NODES = 20_000
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,23 @@ class _Budget:
         return self.ran_out
 
 
+class _Boundary:
+    """The older heap the caller froze: while ``young``, :func:`gc.get_referrers` sees
+    only the test's objects; :meth:`thaw` once, before the whole heap is scanned."""
+
+    def __init__(self, thaw: Callable[[], None] | None) -> None:
+        self._thaw = thaw
+        self.young = thaw is not None and counts_references()
+        if not self.young:
+            self.thaw()  # the references cannot be counted here: scan the whole heap
+
+    def thaw(self) -> None:
+        self.young = False
+        if self._thaw is not None:
+            thaw, self._thaw = self._thaw, None
+            thaw()
+
+
 @dataclass(slots=True)
 class _Node:
     obj: object
@@ -155,6 +179,7 @@ def find_leak_holders(
     budget_s: float | None = None,
     covered: Callable[[], bool] | None = None,
     frozen_before: int | None = None,
+    thaw: Callable[[], None] | None = None,
 ) -> LeakHolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
@@ -169,12 +194,16 @@ def find_leak_holders(
     for saved tensors. ``frozen_before``: how many objects :func:`gc.freeze` had
     frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
     hundred at start-up); only a freeze since then can hide the leaked tensors
-    themselves (``None``: any may). Never raises: what cannot be inspected is in
-    :attr:`LeakHolderScan.notes`.
+    themselves (``None``: any may). ``thaw``: the caller keeps the heap that existed
+    before the test frozen (:class:`~pytest_cuda.leak_heap.TestHeap`; ``objects`` are
+    the test's own) and this puts it back: the walk goes up among the test's objects
+    first and thaws before it scans the whole heap (always called). Never raises: what
+    cannot be inspected is in :attr:`LeakHolderScan.notes`.
     """
     notes: list[str] = []
     targets: dict[tuple[str, int], _Target] = {}
     budget = _Budget(budget_s)
+    boundary = _Boundary(thaw)
     hidden = 0  # frozen objects that may hide what the walk did not find
     try:
         # Reading arbitrary objects can warn (deprecated module attributes): not the
@@ -182,14 +211,24 @@ def find_leak_holders(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             targets.update(_targets(objects, facts))
-            _walk_up(list(targets.values()), notes, budget, ignore={id(objects)})
-            if covered is None or not covered():
-                _saved_by_graphs(objects, targets, facts, notes, budget)
+            # Saved tensors are read before the walk, so that one walk up goes from the
+            # tensors and the graphs' owners together.
+            graphs = (
+                []
+                if covered is not None and covered()
+                else _graphs(objects, targets, facts, notes, budget)
+            )
+            probes = list({id(p): p for p, _, _ in graphs}.values())
+            _walk_up([*targets.values(), *probes], notes, budget, {id(objects)}, boundary)
+            _name_saved(graphs)
+            boundary.thaw()
             hidden = _search_frozen(targets, facts, budget, covered, frozen_before)
         if not targets:
             notes.append(NO_TENSOR)
     except Exception as exc:  # the report must come out whatever the heap holds
         notes.append(f"the walk stopped: {type(exc).__name__}: {exc}")
+    finally:
+        boundary.thaw()
     if budget.ran_out:
         notes.append(
             f"the walk stopped at its {budget.seconds:g} s limit "
@@ -287,22 +326,43 @@ def _scan(
 
 
 def _walk_up(
-    targets: list[_Target], notes: list[str], budget: _Budget, ignore: Iterable[int] = ()
+    targets: list[_Target],
+    notes: list[str],
+    budget: _Budget,
+    ignore: Iterable[int] = (),
+    boundary: _Boundary | None = None,
 ) -> None:
+    """Up from every target to a root, all targets a step at a time. While the
+    ``boundary`` is young, a step scans only the test's objects, and the objects that
+    something outside them holds too wait; once no young step is left, the heap is
+    thawed and they go on, scanning the whole heap."""
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
     layer = [_Node(t.obj, [], t) for t in targets]
     seen = {(id(t.obj), id(t)) for t in targets}  # (object, target): each target's own walk
     own = {id(layer), id(targets), id(seen), *ignore}
-    for _depth in range(MAX_DEPTH):
+    waiting: list[_Node] = []  # held from outside the young objects: for the whole heap
+    own.add(id(waiting))
+    too_long = False
+    while True:
         layer = [n for n in layer if not n.target.path]
+        too_long = too_long or any(len(n.steps) >= MAX_DEPTH for n in layer)
+        layer = [n for n in layer if len(n.steps) < MAX_DEPTH]
+        if not layer and waiting and boundary is not None:
+            boundary.thaw()
+            layer, waiting = [n for n in waiting if not n.target.path], []
         if not layer or budget.spent():
-            return
+            break
+        young = boundary is not None and boundary.young
         by_id: dict[int, list[_Node]] = {}
         for node in layer:
             by_id.setdefault(id(node.obj), []).append(node)
         nodes = tuple(node.obj for node in layer)
         own.add(id(nodes))
-        referrers = gc.get_referrers(*nodes)
+        if young:
+            referrers, outside = young_referrers(nodes)
+            waiting.extend(n for n in layer if id(n.obj) in outside)
+        else:
+            referrers = gc.get_referrers(*nodes)
         own.add(id(referrers))
         following: list[_Node] = []
         for ref in referrers:
@@ -318,12 +378,15 @@ def _walk_up(
                     if step is not None and (id(ref), id(node.target)) not in seen:
                         seen.add((id(ref), id(node.target)))
                         following.append(step)
+        # No variable of this frame may hold an object of the next step while the young
+        # step counts its references.
         del referrers, nodes
+        ref = child = None
         if len(following) > MAX_FRONTIER:
             notes.append(f"the walk kept the first {MAX_FRONTIER} of {len(following)} paths")
             following = following[:MAX_FRONTIER]
         layer = following
-    if any(not n.target.path for n in layer):
+    if too_long:
         notes.append(f"some paths were longer than {MAX_DEPTH} steps")
 
 
@@ -409,46 +472,46 @@ def _follow(
     target), or the next node up, or ``None`` for a link the walk does not follow."""
     target = node.target
     through = set(node.through)
-    if _is_test_instance(child):
+    if is_test_instance(child):
         through.add(type(child).__qualname__)
     note = _through_note(through)
     if isinstance(ref, dict) and id(ref) in modules:
         module = modules[id(ref)]
         key = key_of(ref, child)
         path = render(module, [("attr", key), *node.steps])
-        kind = LIBRARY if _is_library(module) else "module global"
+        kind = LIBRARY if is_library(module) else "module global"
         _root(target, path, kind, note, alive=True)
         return None
     if isinstance(ref, functools._lru_cache_wrapper):
         name = f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
-        keyed = _test_instances_in_keys(ref)
+        keyed = test_instances_in_keys(ref)
         if keyed:
             through.update(keyed)
             note = _through_note(through) + (
                 f"; its keys hold {', '.join(sorted(keyed))} instances, so the cache keeps "
                 "each test instance and what it holds"
             )
-        kind = LIBRARY if _is_library(name) else "functools.lru_cache"
+        kind = LIBRARY if is_library(name) else "functools.lru_cache"
         # A bounded cache holds results in its own links (one step); functools.cache
         # in a dict, whose key step the walk already has.
         if isinstance(child, dict):
             where, steps = f"{name}.cache", node.steps
-        elif isinstance(child, list | tuple) and any(_is_test_instance(x) for x in child):
+        elif isinstance(child, list | tuple) and any(is_test_instance(x) for x in child):
             where, steps = f"{name}.cache key", node.steps  # the arguments, self first
         else:
             where, steps = f"{name}.cache", [("key", "…"), *node.steps]
-        _root(target, render(where, steps), kind, note, alive=_named_by_module(ref))
+        _root(target, render(where, steps), kind, note, alive=named_by_module(ref))
         return None
     if isinstance(ref, types.CellType) and not budget.spent():
-        owner = _closure_owner(ref)
+        owner = closure_owner(ref)
         if owner is not None:
             function, variable = owner
             name = f"{function.__module__}.{function.__qualname__}"
-            kind = LIBRARY if _is_library(function.__module__) else "closure cell"
+            kind = LIBRARY if is_library(function.__module__) else "closure cell"
             path = render(f"{name} closure variable {variable!r}", node.steps)
-            _root(target, path, kind, note, alive=_named_by_module(function))
+            _root(target, path, kind, note, alive=named_by_module(function))
             return None
-    fixture = _fixture_name(ref)
+    fixture = fixture_name(ref)
     if fixture is not None:
         # FixtureDef.__dict__['cached_result'][0] is the value.
         steps = node.steps
@@ -462,8 +525,8 @@ def _follow(
     if step[0] == "dictof" and isinstance(ref, type):
         # The class's own __dict__: a class attribute, a root.
         name = f"{ref.__module__}.{ref.__qualname__}"
-        kind = LIBRARY if _is_library(ref.__module__) else "class attribute"
-        _root(target, render(name, [step, *node.steps]), kind, note, _named_by_module(ref))
+        kind = LIBRARY if is_library(ref.__module__) else "class attribute"
+        _root(target, render(name, [step, *node.steps]), kind, note, named_by_module(ref))
         return None
     return _Node(ref, [step, *node.steps], target, through)
 
@@ -473,128 +536,45 @@ def _root(target: _Target, path: str, kind: str, note: str, alive: bool = False)
     target.alive = alive
 
 
-def _named_by_module(obj: object) -> bool:
-    """``obj`` is what its module's namespace names by its qualified name (a class, a
-    function, a cache defined at module or class level): alive while the module is."""
-    module = sys.modules.get(str(getattr(obj, "__module__", "") or ""))
-    qualname = str(getattr(obj, "__qualname__", "") or "")
-    if module is None or not qualname or "<locals>" in qualname:
-        return False
-    found: object = module
-    for part in qualname.split("."):
-        try:
-            # The namespace's own entry, not what a descriptor would give back.
-            found = object.__getattribute__(found, "__dict__")[part]
-        except (AttributeError, KeyError, TypeError):
-            return False
-    return found is obj
-
-
 def _through_note(through: set[str]) -> str:
     return f"through a {', '.join(sorted(through))} instance" if through else ""
-
-
-def _is_library(module: str) -> bool:
-    return FrameFilter.default().is_library_module(module)  # the one rule, in stacks.py
-
-
-def _is_test_instance(obj: object) -> bool:
-    cls = type(obj)
-    return isinstance(obj, unittest.TestCase) or (
-        cls.__name__.startswith("Test") and cls.__module__ not in ("builtins",)
-    )
-
-
-def _test_instances_in_keys(wrapper: object) -> set[str]:
-    found: set[str] = set()
-    try:
-        for part in gc.get_referents(wrapper):
-            if isinstance(part, list | tuple):
-                found.update(type(x).__qualname__ for x in part if _is_test_instance(x))
-    except Exception:
-        return found
-    return found
-
-
-def _closure_owner(cell: types.CellType) -> tuple[types.FunctionType, str] | None:
-    for closure in gc.get_referrers(cell):
-        if not isinstance(closure, tuple):
-            continue
-        for function in gc.get_referrers(closure):
-            if isinstance(function, types.FunctionType) and function.__closure__ is closure:
-                index = closure.index(cell)
-                return function, function.__code__.co_freevars[index]
-    return None
-
-
-def _fixture_name(ref: object) -> str | None:
-    """A pytest ``FixtureDef``'s cached result holds the value: name the fixture."""
-    cls = type(ref)
-    if cls.__name__ != "FixtureDef" or not cls.__module__.startswith("_pytest"):
-        return None
-    return f"'{getattr(ref, 'argname', '?')}' ({getattr(ref, 'scope', '?')} scope)"
 
 
 # ---------------------------------------------------------------------------
 # Autograd graphs: the tensors a graph saved have no Python object of their own.
 
 
-def _saved_by_graphs(
+def _graphs(
     objects: Sequence[object],
     targets: dict[tuple[str, int], _Target],
     facts: Facts,
     notes: list[str],
     budget: _Budget,
-) -> None:
-    owners = cuda.graph_owners(objects)
-    if not owners:
-        return
-    nodes = MAX_GRAPH_NODES
-    probes: list[tuple[_Target, _Target, str]] = []  # (the owner's probe, target, where)
-    for owner, grad_fn in owners:
-        probe = _Target(owner, ("graph", id(owner)), 0, "")
-        stack: list[tuple[object, str]] = [(grad_fn, f".grad_fn ({type(grad_fn).__name__})")]
-        visited: set[int] = set()
-        while stack and nodes > 0 and not budget.spent():
-            node, where = stack.pop()
-            if id(node) in visited:
-                continue
-            visited.add(id(node))
-            nodes -= 1
-            for name in _saved_names(node):
-                try:
-                    saved = getattr(node, name)
-                    fact = facts(saved)
-                except Exception:
-                    continue
-                if fact is None:
-                    continue
-                target = targets.get(fact[0])
-                if target is None:
-                    target = targets[fact[0]] = _Target(saved, fact[0], fact[1], fact[2])
-                if target.path and not target.kind.startswith("C++"):
-                    continue
-                target.path = "…"  # placed below, once the owners' walk is done
-                probes.append((probe, target, f"{where}.{name}"))
-            for index, pair in enumerate(getattr(node, "next_functions", ()) or ()):
-                following = pair[0] if pair else None
-                if following is not None:
-                    label = f"{where}.next_functions[{index}][0] ({type(following).__name__})"
-                    stack.append((following, label))
-    if nodes <= 0:
-        notes.append(f"autograd graphs were read up to {MAX_GRAPH_NODES} nodes")
-    # One walk up for every owner at once (each step scans the heap once).
-    _walk_up(list({id(p): p for p, _, _ in probes}.values()), [], budget)
-    for probe, target, where in probes:
+) -> list[tuple[_Target, _Target, str]]:
+    """``(owner's probe, target, where)`` for every leaked tensor an autograd graph
+    saved (:func:`~pytest_cuda.leak_graphs.saved_tensors`): the probe is walked up like
+    a target; a target that no Python object showed waits for it (``"…"``)."""
+    probes: dict[int, _Target] = {}
+    found: list[tuple[_Target, _Target, str]] = []
+    for saved in saved_tensors(objects, facts, notes, budget.spent):
+        key, nbytes, device = saved.fact
+        target = targets.get(key)
+        if target is None:
+            target = targets[key] = _Target(saved.tensor, key, nbytes, device, path="…")
+        probe = probes.setdefault(
+            id(saved.owner), _Target(saved.owner, ("graph", id(saved.owner)), 0, "")
+        )
+        found.append((probe, target, saved.where))
+    return found
+
+
+def _name_saved(graphs: list[tuple[_Target, _Target, str]]) -> None:
+    """Name a saved tensor from its owner's place, unless a path of its own placed it."""
+    for probe, target, where in graphs:
+        if target.path not in ("", "…"):
+            continue
         held_by = probe.path or "a tensor that the walk could not place"
         target.path = f"{held_by}{where}"
         target.kind = "autograd graph (a saved tensor)"
         target.note = probe.note
         target.alive = probe.alive
-
-
-def _saved_names(node: object) -> list[str]:
-    try:
-        return [name for name in dir(node) if name.startswith("_saved_")]
-    except Exception:
-        return []

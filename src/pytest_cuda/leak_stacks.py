@@ -88,18 +88,24 @@ def attribute(
     objects: Sequence[object] | None = None,
     budget_s: float | None = None,
     frozen_before: int | None = None,
+    thaw: Callable[[], None] | None = None,
 ) -> tuple[tuple[StackGroup, ...], LeakHolderScan]:
     """The blocks alive now on ``devices`` that were allocated since ``start_us`` (see
     :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
     who holds them (:func:`holders_of`, over ``objects`` and within ``budget_s``;
-    ``frozen_before``: see :func:`~pytest_cuda.leak_holders.find_leak_holders`)."""
+    ``frozen_before``, ``thaw``: see :func:`~pytest_cuda.leak_holders.find_leak_holders`)."""
     wanted = set(devices)
     found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
     blocks = [b for b in found if b.device in wanted]
     is_user = FrameFilter.default().is_user
     stacks = group_by_stack(blocks, is_user, outermost=outermost)
     holders = holders_of(
-        blocks, is_user, objects=objects, budget_s=budget_s, frozen_before=frozen_before
+        blocks,
+        is_user,
+        objects=objects,
+        budget_s=budget_s,
+        frozen_before=frozen_before,
+        thaw=thaw,
     )
     return stacks, holders
 
@@ -111,6 +117,7 @@ def holders_of(
     objects: Sequence[object] | None = None,
     budget_s: float | None = None,
     frozen_before: int | None = None,
+    thaw: Callable[[], None] | None = None,
 ) -> LeakHolderScan:
     """Who holds the live tensors whose storage lies in ``blocks``: the tensors are
     looked for among ``objects`` (default: the whole heap; only its tensors are read,
@@ -126,7 +133,13 @@ def holders_of(
     heap = cuda.tensors_among(gc.get_objects() if objects is None else objects)
     try:
         return find_block_holders(
-            heap, blocks, facts, is_user, budget_s=budget_s, frozen_before=frozen_before
+            heap,
+            blocks,
+            facts,
+            is_user,
+            budget_s=budget_s,
+            frozen_before=frozen_before,
+            thaw=thaw,
         )
     finally:
         del heap

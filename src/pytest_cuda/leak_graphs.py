@@ -1,0 +1,81 @@
+"""Autograd graphs: the tensors a graph saved for backward, read from the graph's owner.
+
+A tensor saved for backward (``loss.grad_fn._saved_self``) has no Python object of its
+own until it is read, and no Python container holds it: only the graph's C++ nodes do.
+It is found from the tensor that owns the graph (a non-leaf tensor, its ``grad_fn``),
+by reading the ``_saved_*`` attributes of every node of the graph, and named from where
+the owner is held (:func:`pytest_cuda.leak_holders.find_leak_holders` walks up from the
+owner). Pure Python over objects it is given: which tensors own graphs comes from the
+seam (:func:`gpumagic.cuda.graph_owners`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpumagic import cuda
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
+    Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
+
+__all__ = ["MAX_GRAPH_NODES", "Saved", "saved_tensors"]
+
+#: How many autograd graph nodes are read when looking for saved tensors.
+MAX_GRAPH_NODES = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One leaked tensor a graph saved: the graph's owner, and where in its graph."""
+
+    owner: object
+    #: From the owner: ``.grad_fn (MulBackward0).next_functions[0][0] (…)._saved_self``.
+    where: str
+    tensor: object
+    fact: tuple[tuple[str, int], int, str]
+
+
+def saved_tensors(
+    objects: Sequence[object], facts: Facts, notes: list[str], spent: Callable[[], bool]
+) -> list[Saved]:
+    """The leaked tensors (``facts`` answers for them) that the autograd graphs of the
+    tensors among ``objects`` saved, each with its owner; reads at most
+    :data:`MAX_GRAPH_NODES` nodes (saying so in ``notes``), and stops when ``spent()``."""
+    found: list[Saved] = []
+    nodes = MAX_GRAPH_NODES
+    for owner, grad_fn in cuda.graph_owners(objects):
+        stack: list[tuple[object, str]] = [(grad_fn, f".grad_fn ({type(grad_fn).__name__})")]
+        visited: set[int] = set()
+        while stack and nodes > 0 and not spent():
+            node, where = stack.pop()
+            if id(node) in visited:
+                continue
+            visited.add(id(node))
+            nodes -= 1
+            for name in _saved_names(node):
+                try:
+                    saved = getattr(node, name)
+                    fact = facts(saved)
+                except Exception:
+                    continue
+                if fact is not None:
+                    found.append(Saved(owner, f"{where}.{name}", saved, fact))
+            for index, pair in enumerate(getattr(node, "next_functions", ()) or ()):
+                following = pair[0] if pair else None
+                if following is not None:
+                    label = f"{where}.next_functions[{index}][0] ({type(following).__name__})"
+                    stack.append((following, label))
+    if nodes <= 0:
+        notes.append(f"autograd graphs were read up to {MAX_GRAPH_NODES} nodes")
+    return found
+
+
+def _saved_names(node: object) -> list[str]:
+    try:
+        return [name for name in dir(node) if name.startswith("_saved_")]
+    except Exception:
+        return []
