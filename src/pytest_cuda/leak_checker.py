@@ -305,12 +305,17 @@ class LeakChecker:
         source = self.source if self.heap.frozen else _without(self.source, FULL_COLLECTION)
         result = settle(baseline, source, check.tolerance, held=check.held)
         if not result.clean:
-            young = self.heap.young_objects()  # where the test's own tensors are
+            # Where the test's own tensors are: among the objects it made. Only the
+            # tensors are kept: the list of every young object would be one more
+            # referrer of each, for the walk to go through.
+            young = self.heap.young_objects()
+            tensors = None if young is None else cuda.tensors_among(young)
+            del young
             # The walk goes up among them first, and thaws before it scans the whole
             # heap (the first step that needs to).
-            result = self._stacks(check, result, young, self.heap.thaw)
+            result = self._stacks(check, result, tensors, self.heap.thaw)
             self.heap.thaw()
-            del young
+            del tensors
             if not (result.holders is not None and result.holders.alive):
                 result = self._collect_whole_heap(check, result)
         if not result.clean:
