@@ -186,10 +186,11 @@ def find_leak_holders(
     ``facts(obj)`` answers ``(storage key, bytes, device)`` for a leaked tensor (views
     of one storage share the key) and ``None`` for anything else; ``objects`` is where
     to look for the tensors (``gc.get_objects()``, or what a test made); the walk up
-    goes through the whole heap. ``explain(key, searched)`` may name the ``(path,
+    goes through the whole heap (first the test's own objects, given ``thaw``).
+    ``explain(key, searched)`` may name the ``(path,
     kind)`` of a storage the walk found no root for (``searched``: it looked
-    everywhere). ``budget_s``: the walk stops after about this
-    long (each step up scans the heap once), saying so. ``covered()``: the tensors
+    everywhere). ``budget_s``: the walk stops after about this long (each step up
+    scans the heap once), saying so. ``covered()``: the tensors
     found so far account for every leaked block, so autograd graphs need not be read
     for saved tensors. ``frozen_before``: how many objects :func:`gc.freeze` had
     frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
