@@ -54,6 +54,7 @@ SCRIPTS = {
     "leaks_growing": "bench_leaks.py --suite",
     "gc_freeze": "bench_gc_freeze.py",
     "holder_walk": "bench_holder_walk.py",
+    "leak_teardown": "bench_leak_teardown.py",
     "warm_ranks_gloo": "bench_warm_ranks.py",
     "warm_ranks_nccl": "bench_warm_ranks.py",
     "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
@@ -386,6 +387,10 @@ def _variant(run: Run, variant: str, key: str) -> float:
     return float(run.one(kind="variant", variant=variant)[key])
 
 
+def _teardown_ms(run: Run, test: str, config: str) -> float:
+    return float(run.one(kind="row", test=test, config=config)["protocol_s"]) * 1e3
+
+
 def _summary(run: Run, key: str) -> float:
     return float(run.one(kind="summary")[key])
 
@@ -616,6 +621,66 @@ FIGURES: dict[str, Figure] = {
         lambda run: max(float(r["young_s"]) for r in run.rows(kind="summary")) * 1e3,
         "{:.0f} ms",
         "the slowest young-first walk",
+    ),
+    "leak_teardown.promoted_check": Figure(
+        "leak_teardown",
+        functools.partial(_teardown_ms, test="test_promoted_garbage", config="--cuda-leak-check"),
+        "{:.0f} ms",
+        "a promoted garbage cycle, checked",
+    ),
+    "leak_teardown.promoted_before": Figure(
+        "leak_teardown",
+        functools.partial(_teardown_ms, test="test_promoted_garbage", config="check, no boundary"),
+        "{:.0f} ms",
+        "the same without the boundary",
+    ),
+    "leak_teardown.promoted_loaded": Figure(
+        "leak_teardown",
+        functools.partial(_teardown_ms, test="test_promoted_garbage", config="plugin loaded"),
+        "{:.0f} ms",
+        "the same, plugin loaded",
+    ),
+    "leak_teardown.cpp_check": Figure(
+        "leak_teardown",
+        functools.partial(_teardown_ms, test="test_leak_held_from_cpp", config="--cuda-leak-check"),
+        "{:.0f} ms",
+        "a leak held from C++, checked",
+    ),
+    "leak_teardown.cpp_before": Figure(
+        "leak_teardown",
+        functools.partial(
+            _teardown_ms, test="test_leak_held_from_cpp", config="check, no boundary"
+        ),
+        "{:.0f} ms",
+        "the same without the boundary",
+    ),
+    "leak_teardown.cpp_thawed": Figure(
+        "leak_teardown",
+        functools.partial(
+            _teardown_ms, test="test_leak_held_from_cpp", config="check, walk thawed first"
+        ),
+        "{:.0f} ms",
+        "the same, walk thawed first",
+    ),
+    "leak_teardown.global_check": Figure(
+        "leak_teardown",
+        functools.partial(_teardown_ms, test="test_leak_module_global", config="--cuda-leak-check"),
+        "{:.0f} ms",
+        "a module global's leak, checked",
+    ),
+    "leak_teardown.global_before": Figure(
+        "leak_teardown",
+        functools.partial(
+            _teardown_ms, test="test_leak_module_global", config="check, no boundary"
+        ),
+        "{:.0f} ms",
+        "the same without the boundary",
+    ),
+    "leak_teardown.clean_check": Figure(
+        "leak_teardown",
+        functools.partial(_teardown_ms, test="test_clean", config="--cuda-leak-check"),
+        "{:.0f} ms",
+        "the first (clean) test, checked",
     ),
     "leaks_suite_torch.ratio": Figure(
         "leaks_suite_torch",
@@ -1304,6 +1369,22 @@ def _table_holder_walk(run: Run) -> Table:
     return [*header, "ratio", "the first holder line (young first)"], rows
 
 
+def _table_leak_teardown(run: Run) -> Table:
+    """Per planted test: its median protocol time under each configuration."""
+    configs: list[str] = []
+    by_test: dict[str, dict[str, float]] = {}
+    for r in run.rows(kind="row"):
+        config = str(r["config"])
+        if config not in configs:
+            configs.append(config)
+        by_test.setdefault(str(r["test"]), {})[config] = float(r["protocol_s"])
+    rows = [
+        [f"`{test}`", *(f"{times[c] * 1e3:.1f} ms" for c in configs)]
+        for test, times in by_test.items()
+    ]
+    return ["test", *configs], rows
+
+
 def _table_timing_stability(run: Run) -> Table:
     """Per strategy, over its rounds: the median of the rounds' medians and IQRs, the
     clock range and the share of power-capped runs."""
@@ -1350,6 +1431,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "leaks_growing": _table_leaks_growing,
     "gc_freeze": _table_gc_freeze,
     "holder_walk": _table_holder_walk,
+    "leak_teardown": _table_leak_teardown,
     "warm_ranks_gloo": _table_warm_ranks,
     "warm_ranks_nccl": _table_warm_ranks,
     "lprun": _table_lprun,
