@@ -35,7 +35,6 @@ from pytest_cuda.leak_roots import (
     fixture_name,
     is_library,
     is_test_instance,
-    module_namespaces,
     named_by_module,
     test_instances_in_keys,
 )
@@ -344,7 +343,6 @@ def _walk_up(
     own = {id(layer), id(targets), id(seen), *ignore}
     waiting: list[_Node] = []  # held from outside the young objects: for the whole heap
     own.add(id(waiting))
-    namespaces = functools.cache(module_namespaces)  # read once, when first needed
     too_long = False
     while True:
         layer = [n for n in layer if not n.target.path]
@@ -365,11 +363,7 @@ def _walk_up(
             referrers, outside = young_referrers(nodes)
             waiting.extend(n for n in layer if id(n.obj) in outside)
         else:
-            # A module's global is a root found without a scan of the whole heap.
-            _module_globals(layer, namespaces(), modules, budget)
-            unplaced = tuple(n.obj for n in layer if not n.target.path)
-            referrers = gc.get_referrers(*unplaced) if unplaced else []
-            own.add(id(unplaced))
+            referrers = gc.get_referrers(*nodes)
         own.add(id(referrers))
         following: list[_Node] = []
         for ref in referrers:
@@ -395,19 +389,6 @@ def _walk_up(
         layer = following
     if too_long:
         notes.append(f"some paths were longer than {MAX_DEPTH} steps")
-
-
-def _module_globals(
-    layer: list[_Node],
-    namespaces: dict[int, dict[str, object]],
-    modules: dict[int, str],
-    budget: _Budget,
-) -> None:
-    """Place the nodes that are a module's global (:func:`module_namespaces`)."""
-    for node in layer:
-        namespace = namespaces.get(id(node.obj))
-        if namespace is not None and not node.target.path:
-            _follow(namespace, node.obj, node, modules, budget)
 
 
 def _walk_down(

@@ -20,7 +20,6 @@ __all__ = [
     "fixture_name",
     "is_library",
     "is_test_instance",
-    "module_namespaces",
     "named_by_module",
     "test_instances_in_keys",
 ]
@@ -82,16 +81,3 @@ def fixture_name(ref: object) -> str | None:
     if cls.__name__ != "FixtureDef" or not cls.__module__.startswith("_pytest"):
         return None
     return f"'{getattr(ref, 'argname', '?')}' ({getattr(ref, 'scope', '?')} scope)"
-
-
-def module_namespaces() -> dict[int, dict[str, object]]:
-    """``{id(value): its module's namespace}`` for every module global that the
-    collector tracks (a container, an instance: what can hold a tensor)."""
-    found: dict[int, dict[str, object]] = {}
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict):
-            for value in list(namespace.values()):
-                if gc.is_tracked(value):
-                    found.setdefault(id(value), namespace)
-    return found

@@ -74,15 +74,10 @@ def module() -> Iterator[types.ModuleType]:
     del sys.modules["mymod"]
 
 
-def test_a_module_global_dict(module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_module_global_dict(module: types.ModuleType) -> None:
     module._cache = {"x": Blob(4096)}  # type: ignore[attr-defined]
-    scans = []
-    real = gc.get_referrers
-    monkeypatch.setattr(gc, "get_referrers", lambda *objs: scans.append(1) or real(*objs))
     path, kind, _ = only(scan())
     assert (path, kind) == ("mymod._cache['x']", "module global")
-    # One scan of the heap finds the dict; that it is a module's global needs none.
-    assert len(scans) == 1
     assert scan().holders[0].nbytes == 4096
 
 
