@@ -3,10 +3,10 @@
 Runs only for a test already judged leaking. The walk goes *up* the references
 (:func:`gc.get_referrers`, one heap scan per level for all tensors at once; only the
 test's own objects while the older heap is still frozen, :mod:`pytest_cuda.leak_young`)
-to a root: a
-module global (``mymod._cache['x']``), a class attribute, a ``functools.lru_cache``
-(saying when its keys hold test instances), a closure cell, a pytest fixture's value,
-or a library's global ("library cache": by design, not the user's leak). Tensors an
+to a root (:mod:`pytest_cuda.leak_roots`): a module global (``mymod._cache['x']``), a
+class attribute, a ``functools.lru_cache`` (saying when its keys hold test instances),
+a closure cell, a pytest fixture's value, or a library's global ("library cache": by
+design, not the user's leak). Tensors an
 autograd graph saved are found from the graph's owner (``loss.grad_fn._saved_*``).
 Objects :func:`gc.freeze` hid from the walk up are searched *down* from the modules.
 What no Python object reaches is said to be so.
@@ -187,12 +187,11 @@ def find_leak_holders(
     of one storage share the key) and ``None`` for anything else; ``objects`` is where
     to look for the tensors (``gc.get_objects()``, or what a test made); the walk up
     goes through the whole heap (first the test's own objects, given ``thaw``).
-    ``explain(key, searched)`` may name the ``(path,
-    kind)`` of a storage the walk found no root for (``searched``: it looked
-    everywhere). ``budget_s``: the walk stops after about this long (each step up
-    scans the heap once), saying so. ``covered()``: the tensors
-    found so far account for every leaked block, so autograd graphs need not be read
-    for saved tensors. ``frozen_before``: how many objects :func:`gc.freeze` had
+    ``explain(key, searched)`` may name the ``(path, kind)`` of a storage the walk found
+    no root for (``searched``: it looked everywhere). ``budget_s``: the walk stops after
+    about this long (each step up scans the heap once), saying so. ``covered()``: the
+    tensors found so far account for every leaked block, so autograd graphs need not be
+    read for saved tensors. ``frozen_before``: how many objects :func:`gc.freeze` had
     frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
     hundred at start-up); only a freeze since then can hide the leaked tensors
     themselves (``None``: any may). ``thaw``: the caller keeps the heap that existed
