@@ -89,10 +89,9 @@ def walk_once(case: str, mode: str, budget: float | None) -> dict[str, Any]:
             return None
         return (key, storages[key], "cpu") if key in storages else None
 
-    thaw = gc.unfreeze
-    if mode == "thawed first":
+    thaw = None if mode == "thawed first" else gc.unfreeze
+    if thaw is None:
         gc.unfreeze()
-        thaw = None  # type: ignore[assignment]
     started = time.perf_counter()
     # As the checker calls it: the tensors among the young objects.
     tensors = cuda.tensors_among(young)

@@ -622,66 +622,66 @@ FIGURES: dict[str, Figure] = {
         "{:.0f} ms",
         "the slowest young-first walk",
     ),
-    "leak_teardown.promoted_check": Figure(
-        "leak_teardown",
-        functools.partial(_teardown_ms, test="test_promoted_garbage", config="--cuda-leak-check"),
-        "{:.0f} ms",
-        "a promoted garbage cycle, checked",
-    ),
-    "leak_teardown.promoted_before": Figure(
-        "leak_teardown",
-        functools.partial(_teardown_ms, test="test_promoted_garbage", config="check, no boundary"),
-        "{:.0f} ms",
-        "the same without the boundary",
-    ),
-    "leak_teardown.promoted_loaded": Figure(
-        "leak_teardown",
-        functools.partial(_teardown_ms, test="test_promoted_garbage", config="plugin loaded"),
-        "{:.0f} ms",
-        "the same, plugin loaded",
-    ),
-    "leak_teardown.cpp_check": Figure(
-        "leak_teardown",
-        functools.partial(_teardown_ms, test="test_leak_held_from_cpp", config="--cuda-leak-check"),
-        "{:.0f} ms",
-        "a leak held from C++, checked",
-    ),
-    "leak_teardown.cpp_before": Figure(
-        "leak_teardown",
-        functools.partial(
-            _teardown_ms, test="test_leak_held_from_cpp", config="check, no boundary"
-        ),
-        "{:.0f} ms",
-        "the same without the boundary",
-    ),
-    "leak_teardown.cpp_thawed": Figure(
-        "leak_teardown",
-        functools.partial(
-            _teardown_ms, test="test_leak_held_from_cpp", config="check, walk thawed first"
-        ),
-        "{:.0f} ms",
-        "the same, walk thawed first",
-    ),
-    "leak_teardown.global_check": Figure(
-        "leak_teardown",
-        functools.partial(_teardown_ms, test="test_leak_module_global", config="--cuda-leak-check"),
-        "{:.0f} ms",
-        "a module global's leak, checked",
-    ),
-    "leak_teardown.global_before": Figure(
-        "leak_teardown",
-        functools.partial(
-            _teardown_ms, test="test_leak_module_global", config="check, no boundary"
-        ),
-        "{:.0f} ms",
-        "the same without the boundary",
-    ),
-    "leak_teardown.clean_check": Figure(
-        "leak_teardown",
-        functools.partial(_teardown_ms, test="test_clean", config="--cuda-leak-check"),
-        "{:.0f} ms",
-        "the first (clean) test, checked",
-    ),
+    # bench_leak_teardown.py: one planted test's protocol under one configuration.
+    **{
+        f"leak_teardown.{key}": Figure(
+            "leak_teardown",
+            functools.partial(_teardown_ms, test=test, config=config),
+            "{:.0f} ms",
+            what,
+        )
+        for key, test, config, what in (
+            (
+                "promoted_check",
+                "test_promoted_garbage",
+                "--cuda-leak-check",
+                "a promoted garbage cycle, checked",
+            ),
+            (
+                "promoted_before",
+                "test_promoted_garbage",
+                "check, no boundary",
+                "the same without the boundary",
+            ),
+            (
+                "promoted_loaded",
+                "test_promoted_garbage",
+                "plugin loaded",
+                "the same, plugin loaded",
+            ),
+            (
+                "cpp_check",
+                "test_leak_held_from_cpp",
+                "--cuda-leak-check",
+                "a leak held from C++, checked",
+            ),
+            (
+                "cpp_before",
+                "test_leak_held_from_cpp",
+                "check, no boundary",
+                "the same without the boundary",
+            ),
+            (
+                "cpp_thawed",
+                "test_leak_held_from_cpp",
+                "check, walk thawed first",
+                "the same, walk thawed first",
+            ),
+            (
+                "global_check",
+                "test_leak_module_global",
+                "--cuda-leak-check",
+                "a module global's leak, checked",
+            ),
+            (
+                "global_before",
+                "test_leak_module_global",
+                "check, no boundary",
+                "the same without the boundary",
+            ),
+            ("clean_check", "test_clean", "--cuda-leak-check", "the first (clean) test, checked"),
+        )
+    },
     "leaks_suite_torch.ratio": Figure(
         "leaks_suite_torch",
         lambda run: float(run.one(label="PyTorch CudaMemoryLeakCheck")["ratio"]),

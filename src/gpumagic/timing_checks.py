@@ -169,15 +169,15 @@ def pass_clocks(events: Sequence[int | None], profiled: Sequence[int | None]) ->
 
 
 def events_row(
-    timings: Sequence[float],
+    events: float,
+    n: int,
     cupti: float,
     clocks: tuple[Sequence[int | None], Sequence[int | None]],
     precision: int,
 ) -> tuple[str, str, str]:
-    """``--timer cupti``'s ``events`` row: the median of the event runs ``timings`` made
-    without the profiler, against the ``cupti`` headline; ``clocks``: the event runs'
-    and the profiled runs' SM clocks (:func:`pass_clocks`)."""
-    events, n = quantile(list(timings), 0.5), len(timings)
+    """``--timer cupti``'s ``events`` row: ``events``, the median per loop of the ``n``
+    event runs made without the profiler, against the ``cupti`` headline; ``clocks``:
+    the event runs' and the profiled runs' SM clocks (:func:`pass_clocks`)."""
     detail = f"CUDA events, median of {n} run{'s' if n != 1 else ''} without the profiler"
     detail += f" · {events / cupti:.3f}\u00d7 CUPTI"
     apart = pass_clocks(*clocks)

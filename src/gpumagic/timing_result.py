@@ -401,7 +401,8 @@ class CudaTimeResult:
             if self.timer == "cupti" and events is not None:
                 out.append(
                     checks.events_row(
-                        self.event_timings,
+                        events,
+                        len(self.event_timings),
                         self.median,
                         (self.event_clocks_mhz, self.run_clocks_mhz),
                         self.precision,

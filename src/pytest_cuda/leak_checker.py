@@ -59,7 +59,7 @@ from pytest_cuda.leaks import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator, Sequence
+    from collections.abc import Generator, Sequence
     from types import TracebackType
 
 __all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check"]
@@ -313,7 +313,7 @@ class LeakChecker:
             del young
             # The walk goes up among them first, and thaws before it scans the whole
             # heap (the first step that needs to).
-            result = self._stacks(check, result, tensors, self.heap.thaw)
+            result = self._stacks(check, result, tensors)
             self.heap.thaw()
             del tensors
             if not (result.holders is not None and result.holders.alive):
@@ -341,11 +341,7 @@ class LeakChecker:
         return replace(self._stacks(check, again, None), released=released)
 
     def _stacks(
-        self,
-        check: _Check,
-        result: LeakResult,
-        objects: Sequence[object] | None,
-        thaw: Callable[[], None] | None = None,
+        self, check: _Check, result: LeakResult, objects: Sequence[object] | None
     ) -> LeakResult:
         if self.recording is None:
             return result
@@ -362,7 +358,8 @@ class LeakChecker:
             objects=objects,
             budget_s=self.search_s,
             frozen_before=self.heap.frozen_before,
-            thaw=thaw if self.heap.frozen else None,
+            # Still frozen: the walk goes up among the test's objects first.
+            thaw=self.heap.thaw if self.heap.frozen else None,
         )
         return replace(result, stacks=stacks, holders=holders)
 

@@ -213,12 +213,11 @@ def find_leak_holders(
             targets.update(_targets(objects, facts))
             # Saved tensors are read before the walk, so that one walk up goes from the
             # tensors and the graphs' owners together.
-            graphs = (
-                []
+            graphs, probes = (
+                ([], [])
                 if covered is not None and covered()
                 else _graphs(objects, targets, facts, notes, budget)
             )
-            probes = list({id(p): p for p, _, _ in graphs}.values())
             _walk_up([*targets.values(), *probes], notes, budget, {id(objects)}, boundary)
             _name_saved(graphs)
             boundary.thaw()
@@ -550,10 +549,11 @@ def _graphs(
     facts: Facts,
     notes: list[str],
     budget: _Budget,
-) -> list[tuple[_Target, _Target, str]]:
+) -> tuple[list[tuple[_Target, _Target, str]], list[_Target]]:
     """``(owner's probe, target, where)`` for every leaked tensor an autograd graph
-    saved (:func:`~pytest_cuda.leak_graphs.saved_tensors`): the probe is walked up like
-    a target; a target that no Python object showed waits for it (``"…"``)."""
+    saved (:func:`~pytest_cuda.leak_graphs.saved_tensors`), and the probes, one per
+    owner: a probe is walked up like a target; a target that no Python object showed
+    waits for it (``"…"``)."""
     probes: dict[int, _Target] = {}
     found: list[tuple[_Target, _Target, str]] = []
     for saved in saved_tensors(objects, facts, notes, budget.spent):
@@ -565,7 +565,7 @@ def _graphs(
             id(saved.owner), _Target(saved.owner, ("graph", id(saved.owner)), 0, "")
         )
         found.append((probe, target, saved.where))
-    return found
+    return found, list(probes.values())
 
 
 def _name_saved(graphs: list[tuple[_Target, _Target, str]]) -> None:

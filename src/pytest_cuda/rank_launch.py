@@ -304,7 +304,7 @@ def _outcome(
     stopped: bool,
     start: float,
     ended: float,
-    decided: float | None = None,
+    decided: float,
 ) -> RankOutcome:
     """How ``rank`` ended, from its files. ``finished_at`` (seconds since ``start``):
     when the rank says it failed (``time.monotonic()``, one clock for every process of
@@ -317,7 +317,7 @@ def _outcome(
     err = _read(err_path(folder, rank))
     stack = _read(stack_path(folder, rank)) if stopped else ""
     result = _json(result_path(folder, rank))
-    if stopped and decided is not None and float(result.get("at", decided - 1)) >= decided:
+    if stopped and float(result.get("at", decided - 1)) >= decided:
         result = {}
     # Without a result, a body record: its test body ended well and it waited for the
     # others, until it was stopped.

@@ -243,12 +243,43 @@ def test_the_first_rank_to_fail_is_the_one_that_failed_first(tmp_path: Path) -> 
         result_path(tmp_path, rank).write_text(json.dumps(record))
     ended = types.SimpleNamespace(returncode=1)
     outcomes = [
-        _outcome(tmp_path, rank, ended, "cpu", stopped=False, start=start, ended=102.0)  # type: ignore[arg-type]
+        _outcome(  # type: ignore[arg-type]
+            tmp_path, rank, ended, "cpu", stopped=False, start=start, ended=102.0, decided=102.0
+        )
         for rank in (0, 1)
     ]
     assert [round(o.finished_at, 3) for o in outcomes] == [1.7, 1.5]
     result = verdict(outcomes, DistributedSpec(backend="gloo"), timed_out=None, name="t")
     assert result.text.splitlines()[0] == "t: rank 1 of 2 failed: planted"
+
+
+def test_a_failure_the_stop_caused_is_reported_as_still_running(tmp_path: Path) -> None:
+    """A rank still running at the timeout whose collective broke while the launcher
+    stopped its peers (the peer's stack dump, then its kill) is reported as stopped,
+    with its stack: its failure came after the stop was decided. One that failed
+    before stays failed."""
+    from pytest_cuda.rank_launch import _outcome
+    from pytest_cuda.rank_main import result_path, stack_path, started_path
+
+    decided = 1000.0
+    stack_path(tmp_path, 1).write_text('  File "test_planted.py", line 111 in test_12\n')
+    started_path(tmp_path, 1).write_text("")
+    broken = {"state": "failed", "message": "RuntimeError: Connection closed by peer"}
+    proc = types.SimpleNamespace(returncode=None)
+    for at, state in ((decided + 0.1, "stopped"), (decided - 0.5, "failed")):
+        result_path(tmp_path, 1).write_text(json.dumps({**broken, "at": at}))
+        outcome = _outcome(
+            tmp_path,
+            1,
+            proc,  # type: ignore[arg-type]
+            "cpu",
+            stopped=True,
+            start=0.0,
+            ended=decided,
+            decided=decided,
+        )
+        assert outcome.state == state
+        assert ("test_12" in outcome.stack) == (state == "stopped")
 
 
 def test_a_skipped_rank_skips_the_test_saying_which() -> None:

@@ -8,16 +8,12 @@ outlive the run.
 
 from __future__ import annotations
 
-import json
 import os
-import types
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
-from pytest_cuda import rank_launch
 from pytest_cuda.distributed import DistributedSpec, RankOutcome, verdict
 from pytest_cuda.rank_leftovers import RankState, left_behind
-from pytest_cuda.rank_main import result_path, stack_path, started_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -478,29 +474,3 @@ def test_importing_the_pool_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     )
     assert out.stdout.strip() == "False"
-
-
-def test_a_failure_the_stop_caused_is_reported_as_still_running(tmp_path: Path) -> None:
-    """A rank still running at the timeout whose collective broke while the launcher
-    stopped its peers (the peer's stack dump, then its kill) is reported as stopped,
-    with its stack: its failure came after the stop was decided. One that failed
-    before stays failed."""
-    decided = 1000.0
-    stack_path(tmp_path, 1).write_text('  File "test_planted.py", line 111 in test_12\n')
-    started_path(tmp_path, 1).write_text("")
-    broken = {"state": "failed", "message": "RuntimeError: Connection closed by peer"}
-    proc = types.SimpleNamespace(returncode=None)
-    for at, state in ((decided + 0.1, "stopped"), (decided - 0.5, "failed")):
-        result_path(tmp_path, 1).write_text(json.dumps({**broken, "at": at}))
-        outcome = rank_launch._outcome(
-            tmp_path,
-            1,
-            proc,  # type: ignore[arg-type]
-            "cpu",
-            stopped=True,
-            start=0.0,
-            ended=decided,
-            decided=decided,
-        )
-        assert outcome.state == state
-        assert ("test_12" in outcome.stack) == (state == "stopped")
