@@ -251,6 +251,8 @@ def main(
             runs[label].append(result)
             print(
                 f"[{name}] round {round_ + 1} {label}: {result['wall_s']:.1f} s wall, "
+                f"setup {result['phases_s']['setup']:.1f} s, "
+                f"call {result['phases_s']['call']:.1f} s, "
                 f"teardown {result['phases_s']['teardown']:.1f} s, {len(result['outcomes'])} "
                 f"tests (exit {result['exit']}), {len(result['leaked'])} LEAKED",
                 flush=True,

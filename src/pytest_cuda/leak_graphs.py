@@ -1,9 +1,12 @@
-"""Autograd graphs: the tensors a graph saved for backward, read from the graph's owner.
+"""Autograd graphs: the tensors a graph holds, read from the graph's owner.
 
-A tensor saved for backward (``loss.grad_fn._saved_self``) has no Python object of its
-own until it is read, and no Python container holds it: only the graph's C++ nodes do.
-It is found from the tensor that owns the graph (a non-leaf tensor, its ``grad_fn``),
-by reading the ``_saved_*`` attributes of every node of the graph, and named from where
+A tensor saved for backward (``loss.grad_fn._saved_self``), or a leaf whose gradient the
+graph accumulates (``….next_functions[0][0] (AccumulateGrad).variable``: the leaf of
+``x.permute(…).contiguous()`` once ``x`` itself was dropped), has no Python object of
+its own until it is read, and no Python container holds it: only the graph's C++ nodes
+do. It is found from the tensor that owns the graph (a non-leaf tensor, its ``grad_fn``),
+by reading the ``_saved_*`` attributes and ``variable`` of every node of the graph, and
+named from where
 the owner is held (:func:`pytest_cuda.leak_holders.find_leak_holders` walks up from the
 owner). Pure Python over objects it is given: which tensors own graphs comes from the
 seam (:func:`gpumagic.cuda.graph_owners`).
@@ -26,11 +29,13 @@ __all__ = ["MAX_GRAPH_NODES", "Saved", "saved_tensors"]
 
 #: How many autograd graph nodes are read when looking for saved tensors.
 MAX_GRAPH_NODES = 20_000
+#: The attribute of an ``AccumulateGrad`` node that is its leaf tensor.
+LEAF = "variable"
 
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """One leaked tensor a graph saved: the graph's owner, and where in its graph."""
+    """One leaked tensor a graph holds: the graph's owner, and where in its graph."""
 
     owner: object
     #: From the owner: ``.grad_fn (MulBackward0).next_functions[0][0] (…)._saved_self``.
@@ -38,12 +43,20 @@ class Saved:
     tensor: object
     fact: tuple[tuple[str, int], int, str]
 
+    @property
+    def kind(self) -> str:
+        """What the graph holds it as, for the holder line."""
+        if self.where.endswith(f".{LEAF}"):
+            return "autograd graph (a leaf it accumulates gradients into)"
+        return "autograd graph (a saved tensor)"
+
 
 def saved_tensors(
     objects: Sequence[object], facts: Facts, notes: list[str], spent: Callable[[], bool]
 ) -> list[Saved]:
     """The leaked tensors (``facts`` answers for them) that the autograd graphs of the
-    tensors among ``objects`` saved, each with its owner; reads at most
+    tensors among ``objects`` saved or accumulate into, each with its owner (a saved
+    tensor comes before the same tensor as a leaf: it is read first); reads at most
     :data:`MAX_GRAPH_NODES` nodes (saying so in ``notes``), and stops when ``spent()``."""
     found: list[Saved] = []
     nodes = MAX_GRAPH_NODES
@@ -76,6 +89,6 @@ def saved_tensors(
 
 def _saved_names(node: object) -> list[str]:
     try:
-        return [name for name in dir(node) if name.startswith("_saved_")]
+        return [name for name in dir(node) if name.startswith("_saved_") or name == LEAF]
     except Exception:
         return []

@@ -43,7 +43,7 @@ from pytest_cuda.leak_young import counts_references, young_referrers
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from pytest_cuda.leak_graphs import Facts
+    from pytest_cuda.leak_graphs import Facts, Saved
 
     #: ``explain(key, searched)``: the ``(path, kind)`` of a storage no root reached;
     #: ``searched``: nothing was out of the walk's sight (no time limit, nothing frozen).
@@ -549,13 +549,13 @@ def _graphs(
     facts: Facts,
     notes: list[str],
     budget: _Budget,
-) -> tuple[list[tuple[_Target, _Target, str]], list[_Target]]:
+) -> tuple[list[tuple[_Target, _Target, Saved]], list[_Target]]:
     """``(owner's probe, target, where)`` for every leaked tensor an autograd graph
     saved (:func:`~pytest_cuda.leak_graphs.saved_tensors`), and the probes, one per
     owner: a probe is walked up like a target; a target that no Python object showed
     waits for it (``"…"``)."""
     probes: dict[int, _Target] = {}
-    found: list[tuple[_Target, _Target, str]] = []
+    found: list[tuple[_Target, _Target, Saved]] = []
     for saved in saved_tensors(objects, facts, notes, budget.spent):
         key, nbytes, device = saved.fact
         target = targets.get(key)
@@ -564,17 +564,19 @@ def _graphs(
         probe = probes.setdefault(
             id(saved.owner), _Target(saved.owner, ("graph", id(saved.owner)), 0, "")
         )
-        found.append((probe, target, saved.where))
+        found.append((probe, target, saved))
     return found, list(probes.values())
 
 
-def _name_saved(graphs: list[tuple[_Target, _Target, str]]) -> None:
-    """Name a saved tensor from its owner's place, unless a path of its own placed it."""
-    for probe, target, where in graphs:
+def _name_saved(graphs: list[tuple[_Target, _Target, Saved]]) -> None:
+    """Name a tensor a graph holds from its owner's place, unless a path of its own
+    placed it. Owners the walk placed go first: a view's base, which only C++ holds,
+    owns a part of the view's graph too."""
+    for probe, target, saved in sorted(graphs, key=lambda g: (not g[0].path, not g[0].alive)):
         if target.path not in ("", "…"):
             continue
         held_by = probe.path or "a tensor that the walk could not place"
-        target.path = f"{held_by}{where}"
-        target.kind = "autograd graph (a saved tensor)"
+        target.path = f"{held_by}{saved.where}"
+        target.kind = saved.kind
         target.note = probe.note
         target.alive = probe.alive

@@ -230,6 +230,32 @@ def test_an_autograd_graph_holds_its_saved_tensors(module: types.ModuleType) -> 
     assert kind == "autograd graph (a saved tensor)"
 
 
+def test_an_autograd_graph_holds_the_leaf_it_accumulates_into(module: types.ModuleType) -> None:
+    # torchvision's DeformConv tests cache x.permute(...).contiguous().permute(...) of a
+    # leaf that requires grad: the leaf itself is held only by the copy's graph.
+    x = torch.ones(10, 100, requires_grad=True)
+    module.COPY = x.t().contiguous().t()  # type: ignore[attr-defined]
+    storage = x.untyped_storage().data_ptr()
+    del x
+
+    def leaf(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
+            return ("cpu", storage), 4000, "cuda:0"
+        return None
+
+    objects = gc.get_objects()
+    found = find_leak_holders(objects, leaf)
+    del objects
+    path, kind, _ = only(found)
+    assert path == (
+        "mymod.COPY.grad_fn (TBackward0).next_functions[0][0] (CloneBackward0)"
+        ".next_functions[0][0] (TBackward0).next_functions[0][0] (AccumulateGrad).variable"
+    )
+    assert kind == "autograd graph (a leaf it accumulates gradients into)"
+    # A module global holds the graph's owner: no collection could free the leaf.
+    assert found.alive
+
+
 class Untouchable:
     """An object that raises on every attribute read."""
 
