@@ -290,6 +290,7 @@ def _suite_ratio_spread(label: str) -> Callable[[Run], float]:
 
 
 def _growing_ratio_spread(run: Run, *, suite: str, label: str) -> float:
+    run = _suite_run(run, suite)
     walls = [float(w) for w in run.one(suite=suite, label=label)["walls"]]
     anchor = [float(w) for w in run.one(suite=suite, label="plugin loaded")["walls"]]
     return _width(_round_ratios(walls, anchor))
@@ -372,8 +373,17 @@ def _loop_ratio(run: Run, name: str, base: str) -> float:
     return _named(run, name) / _named(run, base)
 
 
+def _suite_run(run: Run, suite: str) -> Run:
+    """The latest run of ``run``'s benchmark that ran ``suite``: ``bench_leaks.py
+    --suite`` runs one suite at a time, and a later file may hold only some of them."""
+    for found in reversed(load(run.file.parent)[run.bench]):
+        if found.rows(suite=suite):
+            return found
+    raise KeyError(f"no result file of {run.bench} ran {suite}")
+
+
 def _growing(run: Run, *, suite: str, label: str, key: str) -> float:
-    value = run.one(suite=suite, label=label)[key]
+    value = _suite_run(run, suite).one(suite=suite, label=label)[key]
     if value is None:
         raise KeyError(f"{suite}, {label}: {key} is not comparable in {run.file.name}")
     return float(value)
@@ -521,6 +531,7 @@ FIGURES: dict[str, Figure] = {
         )
         for short, suite in (
             ("gpytorch", "gpytorch 1.15.2 test/ (CUDA tests)"),
+            ("vision", "torchvision test_ops.py TestDeformConv (CUDA tests)"),
             ("pyg", "torch_geometric 2.8.0.post1, 30 CUDA test files"),
         )
         for what, label, key, fmt in (
@@ -530,9 +541,18 @@ FIGURES: dict[str, Figure] = {
             ("with_line", "--cuda-leak-check", "with_line", "{:.0f}"),
             ("with_holder", "--cuda-leak-check", "with_holder_or_why", "{:.0f}"),
             ("teardown", "--cuda-leak-check", "teardown_s", "{:.1f} s"),
+            ("worst_teardown", "--cuda-leak-check", "worst_teardown_growth_s", "{:.2f} s"),
+            (
+                "trace_worst_teardown",
+                "--cuda-leak-check --cuda-leak-trace",
+                "worst_teardown_growth_s",
+                "{:.2f} s",
+            ),
         )
-        # torch_geometric never grows: its run with --cuda-leak-trace was not comparable.
-        if (short, what) != ("pyg", "trace_ratio")
+        # torch_geometric never grows: its run with --cuda-leak-trace was not comparable,
+        # and it predates the worst teardown's growth.
+        if short != "pyg"
+        or what in ("check_ratio", "leaked", "with_line", "with_holder", "teardown")
     },
     # bench_warm_ranks.py: 20 cuda_distributed tests, warm ranks against fresh ones.
     **{
@@ -1081,35 +1101,48 @@ def _table_leaks_suite(run: Run) -> Table:
 
 
 def _table_leaks_growing(run: Run) -> Table:
+    """Each suite's rows from the latest file that ran it (:func:`_suite_run`)."""
+    # Newest first: the suites of the latest file, then those only older files ran.
+    runs = reversed(load(run.file.parent)[run.bench])
+    suites = {r["suite"]: None for found in runs for r in found.rows() if "suite" in r}
     out = []
-    for r in (r for r in run.records if "label" in r):
-        walls = ", ".join(f"{w:.1f}" for w in r.get("walls", []))
-        ratio = r.get("ratio_to_loaded")
-        out.append(
-            [
-                r["suite"],
-                f"`{r['label']}`" if r["label"].startswith("-") else r["label"],
-                f"{r['wall_s']:.1f} s ({walls})",
-                "not comparable" if ratio is None else f"{ratio:.2f}",
-                f"{r.get('teardown_s', 0):.1f} s",
-                str(r["tests"]),
-                str(r["leaked_count"]),
-                str(r["with_line"]),
-                str(r["with_holder_or_why"]),
-            ]
-        )
+    for suite in suites:
+        found = _suite_run(run, suite)
+        for r in (r for r in found.rows(suite=suite) if "label" in r):
+            out.append(_growing_row(found, r))
     header = [
         "suite",
+        "run",
         "configuration",
         "wall, median (rounds)",
         TIMES + " plugin loaded",
         "teardown",
+        "worst test's teardown growth",
         "tests",
         "LEAKED",
         "with the line",
         "with a holder or why none",
     ]
     return header, out
+
+
+def _growing_row(found: Run, r: dict[str, Any]) -> list[str]:
+    walls = ", ".join(f"{w:.1f}" for w in r.get("walls", []))
+    ratio = r.get("ratio_to_loaded")
+    worst = r.get("worst_teardown_growth_s")
+    return [
+        r["suite"],
+        f"{found.device.removeprefix('NVIDIA ')}, {found.file.name[:15]}",
+        f"`{r['label']}`" if r["label"].startswith("-") else r["label"],
+        f"{r['wall_s']:.1f} s ({walls})",
+        "not comparable" if ratio is None else f"{ratio:.2f}",
+        f"{r.get('teardown_s', 0):.1f} s",
+        "not recorded" if worst is None else f"{worst:.2f} s",
+        str(r["tests"]),
+        str(r["leaked_count"]),
+        str(r["with_line"]),
+        str(r["with_holder_or_why"]),
+    ]
 
 
 def _table_gc_freeze(run: Run) -> Table:
