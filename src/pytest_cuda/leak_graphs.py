@@ -6,10 +6,9 @@ graph accumulates (``….next_functions[0][0] (AccumulateGrad).variable``: the l
 its own until it is read, and no Python container holds it: only the graph's C++ nodes
 do. It is found from the tensor that owns the graph (a non-leaf tensor, its ``grad_fn``),
 by reading the ``_saved_*`` attributes and ``variable`` of every node of the graph, and
-named from where
-the owner is held (:func:`pytest_cuda.leak_holders.find_leak_holders` walks up from the
-owner). Pure Python over objects it is given: which tensors own graphs comes from the
-seam (:func:`gpumagic.cuda.graph_owners`).
+named from where the owner is held (:func:`pytest_cuda.leak_holders.find_leak_holders`
+walks up from the owner). Pure Python over objects it is given: which tensors own graphs
+comes from the seam (:func:`gpumagic.cuda.graph_owners`).
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ def saved_tensors(
     objects: Sequence[object], facts: Facts, notes: list[str], spent: Callable[[], bool]
 ) -> list[Saved]:
     """The leaked tensors (``facts`` answers for them) that the autograd graphs of the
-    tensors among ``objects`` saved or accumulate into, each with its owner (a saved
-    tensor comes before the same tensor as a leaf: it is read first); reads at most
+    tensors among ``objects`` saved or accumulate into, each with its owner and where,
+    once per place a graph holds it (depth first, in no preferred order); reads at most
     :data:`MAX_GRAPH_NODES` nodes (saying so in ``notes``), and stops when ``spent()``."""
     found: list[Saved] = []
     nodes = MAX_GRAPH_NODES

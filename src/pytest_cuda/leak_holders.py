@@ -540,7 +540,7 @@ def _through_note(through: set[str]) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Autograd graphs: the tensors a graph saved have no Python object of their own.
+# Autograd graphs: the tensors a graph holds have no Python object of their own.
 
 
 def _graphs(
@@ -550,9 +550,9 @@ def _graphs(
     notes: list[str],
     budget: _Budget,
 ) -> tuple[list[tuple[_Target, _Target, Saved]], list[_Target]]:
-    """``(owner's probe, target, where)`` for every leaked tensor an autograd graph
-    saved (:func:`~pytest_cuda.leak_graphs.saved_tensors`), and the probes, one per
-    owner: a probe is walked up like a target; a target that no Python object showed
+    """``(owner's probe, target, saved)`` for every place an autograd graph holds a
+    leaked tensor (:func:`~pytest_cuda.leak_graphs.saved_tensors`), and the probes, one
+    per owner: a probe is walked up like a target; a target that no Python object showed
     waits for it (``"…"``)."""
     probes: dict[int, _Target] = {}
     found: list[tuple[_Target, _Target, Saved]] = []
