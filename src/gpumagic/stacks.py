@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gpumagic.units import format_bytes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
 __all__ = [
     "MAX_FRAMES",
@@ -131,29 +131,37 @@ def blocks_from_segments(
 ) -> list[Block]:
     """The allocated blocks of a ``torch.cuda.memory._snapshot()``'s ``segments``
     (on ``devices`` only, when given)."""
-    found = []
+    return [
+        _block(device, block, private)
+        for device, block, private in _allocated(segments)
+        if devices is None or device in devices
+    ]
+
+
+def _allocated(
+    segments: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[int, Mapping[str, Any], bool]]:
+    """``(device, block, private pool)`` for each allocated block of ``segments``, as
+    the snapshot gives it (its frames not read yet)."""
     for segment in segments:
         device = int(segment.get("device", 0))
-        if devices is not None and device not in devices:
-            continue
         pool = segment.get("segment_pool_id") or (0, 0)
         private = tuple(pool) != (0, 0)
         for block in segment.get("blocks", ()):
-            if block.get("state") != "active_allocated":
-                continue
-            frames = frames_from_snapshot(block.get("frames") or ())
-            size = int(block.get("size", 0))
-            found.append(
-                Block(
-                    device,
-                    int(block.get("address", 0)),
-                    size,
-                    int(block.get("requested_size", size)),
-                    frames,
-                    private,
-                )
-            )
-    return found
+            if block.get("state") == "active_allocated":
+                yield device, block, private
+
+
+def _block(device: int, block: Mapping[str, Any], private: bool) -> Block:
+    size = int(block.get("size", 0))
+    return Block(
+        device,
+        int(block.get("address", 0)),
+        size,
+        int(block.get("requested_size", size)),
+        frames_from_snapshot(block.get("frames") or ()),
+        private,
+    )
 
 
 def blocks_allocated_since(
@@ -162,29 +170,37 @@ def blocks_allocated_since(
     """The live blocks of a ``torch.cuda.memory._snapshot()`` allocated at or after
     ``start_us`` (microseconds since the epoch, the clock of the snapshot's events).
 
-    Each device's ring of allocator events says when a live block was allocated (its
-    last ``alloc`` event at that address). A block without one is older than the ring,
-    unless the ring lost events after ``start_us`` (it wrapped, or the recording keeps
-    no events): then its stack decides, and it counts as new when the stack passes
+    Each device's ring of allocator events (oldest first) says which live blocks are
+    new: those with an ``alloc`` event at their address since ``start_us``; the ring is
+    read from its newest event back to the start. A block without one is older, unless
+    the ring lost events after ``start_us`` (it wrapped, or the recording keeps no
+    events): then its stack decides, and it counts as new when the stack passes
     through ``outermost`` (``(filename, function)`` of the test function).
     """
-    allocated: dict[tuple[int, int], int] = {}
+    allocated: set[tuple[int, int]] = set()
     complete: dict[int, bool] = {}
     for device, events in enumerate(snapshot.get("device_traces") or ()):
-        times = [int(e.get("time_us", 0)) for e in events]
-        complete[device] = bool(times) and min(times) <= start_us
-        for event, time_us in zip(events, times, strict=True):
+        # Oldest first: read from the newest back to the first one before the start
+        # (the whole ring took about 60 ms of a leaking test's teardown).
+        complete[device] = False
+        for event in reversed(events):
+            time_us = int(event.get("time_us", 0))
+            if time_us <= start_us:
+                complete[device] = True
+                if time_us < start_us:
+                    break
             if event.get("action") == "alloc":
-                key = (device, int(event.get("addr", -1)))
-                allocated[key] = max(time_us, allocated.get(key, time_us))
+                allocated.add((device, int(event.get("addr", -1))))
     found = []
-    for block in blocks_from_segments(snapshot.get("segments") or ()):
-        when = allocated.get((block.device, block.address))
-        if when is not None:
-            if when >= start_us:
-                found.append(block)
-        elif not complete.get(block.device, False) and _passes_through(block.frames, outermost):
-            found.append(block)
+    for device, block, private in _allocated(snapshot.get("segments") or ()):
+        if (device, int(block.get("address", 0))) in allocated:
+            found.append(_block(device, block, private))
+        elif not complete.get(device, False):
+            # No event since the start, and the ring lost events since then: the
+            # stack decides.
+            new = _block(device, block, private)
+            if _passes_through(new.frames, outermost):
+                found.append(new)
     return found
 
 

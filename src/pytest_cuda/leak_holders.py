@@ -28,11 +28,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
-from pytest_cuda.leak_graphs import saved_tensors
+from pytest_cuda.leak_graphs import Saved, saved_tensors
 from pytest_cuda.leak_paths import Step, key_of, referents, render, step_between
 from pytest_cuda.leak_roots import (
     closure_owner,
     fixture_name,
+    held_from_outside,
     is_library,
     is_test_instance,
     named_by_module,
@@ -43,7 +44,7 @@ from pytest_cuda.leak_young import counts_references, young_referrers
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from pytest_cuda.leak_graphs import Facts, Saved
+    from pytest_cuda.leak_graphs import Facts
 
     #: ``explain(key, searched)``: the ``(path, kind)`` of a storage no root reached;
     #: ``searched``: nothing was out of the walk's sight (no time limit, nothing frozen).
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LIBRARY",
     "NO_TENSOR",
+    "OUTSIDE",
     "LeakHolder",
     "LeakHolderScan",
     "find_leak_holders",
@@ -60,10 +62,12 @@ __all__ = [
 
 #: The kind of a holder that is a library's cache, kept by design.
 LIBRARY = "library cache"
+#: The kind of a path that starts at an object no Python object refers to.
+OUTSIDE = "no Python root: C++ holds where the path starts"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
 
 #: How far up the walk goes, and how many objects one level may hold.
-MAX_DEPTH = 12
+MAX_DEPTH = 16
 MAX_FRONTIER = 2_000
 
 
@@ -130,6 +134,9 @@ class _Target:
     kind: str = ""
     note: str = ""
     alive: bool = False
+    #: Where its walk ended at an object no Python object refers to: (rank, depth,
+    #: that object named, the steps down from it), the best one (see :func:`_ended`).
+    end: tuple[int, int, str, list[Step]] | None = None
 
 
 class _Budget:
@@ -298,6 +305,8 @@ def _scan(
     for target in targets:
         if not target.path:
             explained = explain(target.key, searched) if explain is not None else None
+            if explained is None and target.end is not None:
+                explained = _end_path(target), OUTSIDE
             target.path, target.kind = explained or (
                 "no Python object that the walk reached",
                 "C++ side or unreachable: a library workspace, or an object cycle",
@@ -355,7 +364,8 @@ def _walk_up(
         by_id: dict[int, list[_Node]] = {}
         for node in layer:
             by_id.setdefault(id(node.obj), []).append(node)
-        nodes = tuple(node.obj for node in layer)
+        # Each object once: a scan of the whole heap costs more with every one asked for.
+        nodes = tuple(group[0].obj for group in by_id.values())
         own.add(id(nodes))
         if young:
             referrers, outside = young_referrers(nodes)
@@ -363,30 +373,57 @@ def _walk_up(
         else:
             referrers = gc.get_referrers(*nodes)
         own.add(id(referrers))
-        following: list[_Node] = []
-        for ref in referrers:
-            if id(ref) in own or isinstance(ref, types.FrameType | _Target | _Node):
-                continue
-            for child in _children_in(ref, by_id):
-                for node in by_id[id(child)]:
-                    if node.target.path:
-                        continue
-                    step = _follow(ref, child, node, modules, budget)
-                    # A root ends a path however often it is met; an object in between
-                    # is walked from once per target.
-                    if step is not None and (id(ref), id(node.target)) not in seen:
-                        seen.add((id(ref), id(node.target)))
-                        following.append(step)
+        following, held = _step_up(
+            referrers, by_id, own=own, seen=seen, modules=modules, budget=budget
+        )
+        if not young:
+            # The whole heap was scanned: what nothing refers to, C++ holds.
+            for key in by_id.keys() - held:
+                for node in by_id[key]:
+                    _ended(node)
         # No variable of this frame may hold an object of the next step while the young
         # step counts its references.
         del referrers, nodes
-        ref = child = None
         if len(following) > MAX_FRONTIER:
             notes.append(f"the walk kept the first {MAX_FRONTIER} of {len(following)} paths")
             following = following[:MAX_FRONTIER]
         layer = following
     if too_long:
         notes.append(f"some paths were longer than {MAX_DEPTH} steps")
+
+
+def _step_up(
+    referrers: list[object],
+    by_id: dict[int, list[_Node]],
+    *,
+    own: set[int],
+    seen: set[tuple[int, int]],
+    modules: dict[int, str],
+    budget: _Budget,
+) -> tuple[list[_Node], set[int]]:
+    """One step up from the nodes ``by_id`` (by their object's id) through their
+    ``referrers``: the nodes of the next step, and the ids of the objects something
+    other than the walk refers to (a running function's frame included)."""
+    following: list[_Node] = []
+    held: set[int] = set()
+    for ref in referrers:
+        if id(ref) in own or isinstance(ref, _Target | _Node | Saved):
+            continue
+        children = _children_in(ref, by_id)
+        held.update(map(id, children))
+        if isinstance(ref, types.FrameType):
+            continue
+        for child in children:
+            for node in by_id[id(child)]:
+                if node.target.path:
+                    continue
+                step = _follow(ref, child, node, modules, budget)
+                # A root ends a path however often it is met; an object in between is
+                # walked from once per target.
+                if step is not None and (id(ref), id(node.target)) not in seen:
+                    seen.add((id(ref), id(node.target)))
+                    following.append(step)
+    return following, held
 
 
 def _walk_down(
@@ -530,6 +567,21 @@ def _follow(
     return _Node(ref, [step, *node.steps], target, through)
 
 
+def _ended(node: _Node) -> None:
+    """``node``'s object is alive and no Python object refers to it: keep it as where
+    its target's walk ended, if it says more than the end kept (a recognised holder,
+    else the nearest)."""
+    rank, named = held_from_outside(node.obj)
+    end = (rank, len(node.steps), named, node.steps)
+    if node.target.end is None or end[:2] < node.target.end[:2]:
+        node.target.end = end
+
+
+def _end_path(target: _Target) -> str:
+    """The path from where the target's walk ended, or ``""`` when it met no end."""
+    return "" if target.end is None else render(target.end[2], target.end[3])
+
+
 def _root(target: _Target, path: str, kind: str, note: str, alive: bool = False) -> None:
     target.path, target.kind, target.note = path, kind, note.lstrip("; ")
     target.alive = alive
@@ -575,8 +627,8 @@ def _name_saved(graphs: list[tuple[_Target, _Target, Saved]]) -> None:
     for probe, target, saved in sorted(graphs, key=lambda g: (not g[0].path, not g[0].alive)):
         if target.path not in ("", "…"):
             continue
-        held_by = probe.path or "a tensor that the walk could not place"
+        held_by = probe.path or _end_path(probe) or "a tensor that the walk could not place"
         target.path = f"{held_by}{saved.where}"
         target.kind = saved.kind
-        target.note = probe.note
+        target.note = probe.note if probe.path or probe.end is None else OUTSIDE
         target.alive = probe.alive

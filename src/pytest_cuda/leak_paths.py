@@ -8,6 +8,7 @@ a person would type: ``mymod._cache['x'][3].weight``. Pure Python, no torch.
 
 from __future__ import annotations
 
+import functools
 import gc
 import types
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,11 @@ def step_between(ref: object, child: object) -> Step | None:
         return ("member", None)
     if isinstance(ref, types.MethodType):
         return ("bound", ref.__name__)
+    if isinstance(ref, functools.partial):
+        for name in ("args", "keywords", "func"):
+            if getattr(ref, name) is child:
+                return ("partial", (getattr(ref.func, "__qualname__", "?"), name))
+        return None
     if isinstance(ref, types.FunctionType | types.ModuleType | types.CodeType):
         return None  # globals and defaults are reached through their module
     if isinstance(ref, type):
@@ -99,6 +105,8 @@ def render(root: str, steps: Sequence[Step]) -> str:
             text += " (a set member)"
         elif kind == "bound":
             text += f" (bound method .{value})"
+        elif kind == "partial":
+            text += f" (functools.partial of {value[0]}).{value[1]}"
         elif kind == "via":
             text += f" → a {value}"
         elif kind == "graph":

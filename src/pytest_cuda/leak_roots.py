@@ -3,11 +3,14 @@
 A module's global, a class attribute, a ``functools.lru_cache``, a closure cell, a
 pytest fixture's value end a path of :mod:`pytest_cuda.leak_holders`; a library's
 (an installed package's, by :class:`gpumagic.stacks.FrameFilter`'s one rule) is kept by
-design. Pure Python over the objects it is given.
+design. A path that ends at an object no Python object refers to starts where C++
+holds it (:func:`held_from_outside`): the hooks of an autograd node, a custom autograd
+Function's ``ctx``. Pure Python over the objects it is given.
 """
 
 from __future__ import annotations
 
+import collections
 import gc
 import sys
 import types
@@ -18,6 +21,7 @@ from gpumagic.stacks import FrameFilter
 __all__ = [
     "closure_owner",
     "fixture_name",
+    "held_from_outside",
     "is_library",
     "is_test_instance",
     "named_by_module",
@@ -81,3 +85,31 @@ def fixture_name(ref: object) -> str | None:
     if cls.__name__ != "FixtureDef" or not cls.__module__.startswith("_pytest"):
         return None
     return f"'{getattr(ref, 'argname', '?')}' ({getattr(ref, 'scope', '?')} scope)"
+
+
+def held_from_outside(obj: object) -> tuple[int, str]:
+    """How to name ``obj``, which no Python object refers to although it is alive (C++
+    holds it, or a variable of a running function), and a rank: what says more first
+    (0: a recognised holder, 1: any other object).
+
+    torch keeps the hooks registered on an autograd node (``grad_fn.register_hook``) in
+    a dict of hook handle ids that only the node holds, and a custom Function's ``ctx``
+    is held by its graph alone: a path through either is a reference cycle the garbage
+    collector cannot see when a tensor of that graph is on it."""
+    cls = type(obj)
+    names = {klass.__name__ for klass in cls.__mro__}
+    if "BackwardCFunction" in names:
+        function = cls.__name__.removesuffix("Backward")
+        return 0, f"the ctx of autograd Function {function} (only its autograd graph holds it)"
+    if type(obj) is collections.OrderedDict and obj and _hook_dict(obj):
+        return 0, "hooks of an autograd node (an OrderedDict of hook ids that only C++ holds)"
+    return 1, f"a {cls.__qualname__} that no Python object holds (C++ does, or a running function)"
+
+
+def _hook_dict(mapping: dict[object, object]) -> bool:
+    """``{hook id: hook}``: torch's ``RemovableHandle`` ids, callables (torch's
+    ``_HookMixin._register_hook`` makes an ``OrderedDict`` of them for a node)."""
+    try:
+        return all(type(k) is int and callable(v) for k, v in mapping.items())
+    except Exception:
+        return False

@@ -7,11 +7,13 @@ autograd case uses real CPU tensors, whose saved tensors have no Python object.
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import subprocess
 import sys
 import types
+import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
@@ -19,7 +21,8 @@ import torch
 
 from gpumagic.stacks import Block, Frame, blocks_from_segments
 from pytest_cuda.leak_blocks import GRAPH_POOL, UNSHOWN, find_block_holders
-from pytest_cuda.leak_holders import LIBRARY, LeakHolderScan, find_leak_holders
+from pytest_cuda.leak_holders import LIBRARY, OUTSIDE, LeakHolderScan, find_leak_holders
+from pytest_cuda.leak_roots import held_from_outside
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -254,6 +257,71 @@ def test_an_autograd_graph_holds_the_leaf_it_accumulates_into(module: types.Modu
     assert kind == "autograd graph (a leaf it accumulates gradients into)"
     # A module global holds the graph's owner: no collection could free the leaf.
     assert found.alive
+
+
+class Strategy:
+    """Holds a cached tensor and what the test leaks, as gpytorch's prediction strategy."""
+
+    cache: torch.Tensor | None
+    kept: Blob
+
+
+def clear_cache_hook(strategy: Strategy, *grads: object) -> None:
+    strategy.cache = None
+
+
+def test_a_hook_on_an_autograd_node_is_where_the_path_starts() -> None:
+    # gpytorch registers functools.partial(clear_cache_hook, strategy) on a cached
+    # tensor's grad_fn, and the strategy keeps that tensor: torch keeps the hook's dict
+    # in the node (C++), so no Python object refers to it and the garbage collector
+    # cannot see the cycle; the walk says where C++ holds the path.
+    strategy = Strategy()
+    strategy.kept = Blob(256)
+    strategy.cache = torch.ones(3, requires_grad=True) * 2
+    assert strategy.cache.grad_fn is not None
+    handle = strategy.cache.grad_fn.register_hook(functools.partial(clear_cache_hook, strategy))
+    hook_id = handle.id
+    alive = weakref.ref(strategy)
+    del strategy, handle
+    try:
+        found = scan()
+        path, kind, _ = only(found)
+        assert path == (
+            "hooks of an autograd node (an OrderedDict of hook ids that only C++ holds)"
+            f"[{hook_id}] (functools.partial of clear_cache_hook).args[0].kept"
+        )
+        assert kind == OUTSIDE
+        # Nothing proves that C++ keeps it: a collection of the whole heap decides.
+        assert not found.alive
+    finally:
+        left = alive()
+        assert left is not None
+        left.cache = None  # the cycle, broken
+
+
+def test_a_custom_functions_ctx_is_named_by_its_function() -> None:
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    y = Square.apply(torch.ones(3, requires_grad=True))
+    assert held_from_outside(y.grad_fn) == (
+        0,
+        "the ctx of autograd Function Square (only its autograd graph holds it)",
+    )
+    assert held_from_outside(collections.OrderedDict({1: print}))[0] == 0
+    assert held_from_outside({1: print})[0] == 1
+    assert held_from_outside([]) == (
+        1,
+        "a list that no Python object holds (C++ does, or a running function)",
+    )
 
 
 class Untouchable:

@@ -18,7 +18,7 @@ import pytest
 from test_leak_holders import Blob, blob_facts
 
 from pytest_cuda import leak_holders
-from pytest_cuda.leak_holders import LeakHolderScan, find_leak_holders
+from pytest_cuda.leak_holders import OUTSIDE, LeakHolderScan, find_leak_holders
 from pytest_cuda.leak_young import counts_references, young_referrers
 
 if TYPE_CHECKING:
@@ -113,7 +113,14 @@ def test_a_young_island_held_from_cpp_costs_one_whole_heap_scan(
     try:
         thawed: list[bool] = []
         scan = walk(objects, thawed)
-        assert [h.path for h in scan.holders] == ["no Python object that the walk reached"]
+        # Where the path starts: the object that only C++ holds.
+        assert [(h.path, h.kind) for h in scan.holders] == [
+            (
+                "a dict that no Python object holds (C++ does, or a running function)"
+                "['a'][0][0][0]",
+                OUTSIDE,
+            )
+        ]
         assert thawed == [True]
         assert spy.young >= 4
         assert spy.whole == 1
