@@ -120,9 +120,11 @@ def holders_of(
     thaw: Callable[[], None] | None = None,
 ) -> LeakHolderScan:
     """Who holds the live tensors whose storage lies in ``blocks``: the tensors are
-    looked for among ``objects`` (default: the whole heap; only its tensors are read,
-    :func:`gpumagic.cuda.tensors_among`), the walk up goes through the whole heap (for
-    tests already judged leaking only); see :func:`find_block_holders`."""
+    looked for among ``objects`` (the checker's: the tensors among what the test made;
+    default: the whole heap's, :func:`gpumagic.cuda.tensors_among`), the walk up goes
+    through the whole heap (for tests already judged leaking only); see
+    :func:`find_block_holders`. The walk never goes up through the list it is given: a
+    copy of it, held by the caller, would be a holder of every tensor."""
 
     def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
         found = cuda.tensor_facts(obj)
@@ -130,7 +132,7 @@ def holders_of(
 
     # A type check per class, then facts per tensor: reading every object of a large
     # heap (torch, a suite, compiled code) took about 0.5 s a leaking test.
-    heap = cuda.tensors_among(gc.get_objects() if objects is None else objects)
+    heap = cuda.tensors_among(gc.get_objects()) if objects is None else objects
     try:
         return find_block_holders(
             heap,

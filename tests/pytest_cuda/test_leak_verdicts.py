@@ -222,6 +222,30 @@ def test_a_block_no_tensor_shows_says_nothing_in_python_holds_it(
     )
 
 
+def test_a_tensor_only_cpp_holds_is_where_its_path_starts(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    # No Python object refers to the tensor: the walk says so, and never names the
+    # checker's own list of the test's tensors as its holder.
+    planted(
+        """
+        import ctypes
+
+        def test_held_by_cpp(fake_cuda):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(fake_cuda.tensor(4096)))
+        """
+    )
+    result = pytester.runpytest_subprocess("--cuda-leak-check")
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_planted.py::test_held_by_cpp - 4.0 KiB on cuda:0, allocated at "
+            "test_planted.py:4 in test_held_by_cpp, held by a FakeTensor that no Python "
+            "object holds (C++ does, or a running function) (no Python root: C++ holds "
+            "where the path starts)"
+        ]
+    )
+
+
 # ---------------------------------------------------------------------------
 # The test's own heap first. In a process of its own: this suite's conftest freezes the
 # heap (the checker then leaves the collector alone), and in-process runs keep objects.
