@@ -66,6 +66,8 @@ LIBRARY = "library cache"
 OUTSIDE = "no Python root: C++ holds where the path starts"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
 
+#: How many tensors of one storage the walk starts from.
+MAX_VIEWS = 8
 #: How far up the walk goes, and how many objects one level may hold.
 MAX_DEPTH = 16
 MAX_FRONTIER = 2_000
@@ -130,6 +132,9 @@ class _Target:
     nbytes: int
     device: str
     tensors: int = 1
+    #: Other tensors that show the storage (a view and its base): walked from too, as
+    #: one of them may be held from Python while only C++ holds the other.
+    others: list[object] = field(default_factory=list)
     path: str = ""
     kind: str = ""
     note: str = ""
@@ -290,6 +295,8 @@ def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _
         key, nbytes, device = fact
         if key in found:
             found[key].tensors += 1
+            if len(found[key].others) < MAX_VIEWS:
+                found[key].others.append(obj)
         else:
             found[key] = _Target(obj, key, nbytes, device)
     return found
@@ -345,9 +352,9 @@ def _walk_up(
     something outside them holds too wait; once no young step is left, the heap is
     thawed and they go on, scanning the whole heap."""
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    layer = [_Node(t.obj, [], t) for t in targets]
-    seen = {(id(t.obj), id(t)) for t in targets}  # (object, target): each target's own walk
-    own = {id(layer), id(targets), id(seen), *ignore}
+    layer = [_Node(obj, [], t) for t in targets for obj in (t.obj, *t.others)]
+    seen = {(id(n.obj), id(n.target)) for n in layer}  # (object, target): each target's walk
+    own = {id(layer), id(targets), id(seen), *ignore, *(id(t.others) for t in targets)}
     waiting: list[_Node] = []  # held from outside the young objects: for the whole heap
     own.add(id(waiting))
     too_long = False
@@ -436,7 +443,7 @@ def _walk_down(
     path found is named by the walk up's rules (:func:`_follow`). ``False`` when its
     time ran out before it found everything or went through the whole heap."""
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    pending = {id(t.obj): t for t in targets.values() if not t.path}
+    pending = {id(obj): t for t in targets.values() if not t.path for obj in (t.obj, *t.others)}
     parent: dict[int, object] = {}  # id(object) -> the object it was reached from
     layer: list[object] = []
     for module in list(sys.modules.values()):
@@ -469,7 +476,7 @@ def _walk_down(
                         target = targets[fact[0]] = _Target(child, fact[0], fact[1], fact[2])
                 if target is not None:
                     _place(target, child, parent, modules, budget)
-                    if not pending and not unshown:
+                    if not unshown and all(t.path for t in pending.values()):
                         return True
                 if gc.is_tracked(child):
                     following.append(child)

@@ -8,6 +8,7 @@ autograd case uses real CPU tensors, whose saved tensors have no Python object.
 from __future__ import annotations
 
 import collections
+import ctypes
 import functools
 import gc
 import subprocess
@@ -529,3 +530,32 @@ def test_cpp_frames_before_the_users_line_do_not_make_it_a_library_call() -> Non
     found = find_block_holders(objects, [block], blob_facts, is_user)
     del objects
     assert [(h.kind, h.nbytes) for h in found.holders] == [(UNSHOWN, 4 << 20)]
+
+
+def test_a_storage_is_walked_from_each_tensor_that_shows_it(module: types.ModuleType) -> None:
+    # torchvision caches x.t().contiguous().t(): the cache holds the view, only C++ holds
+    # its base (no Python object refers to it), and both show one storage.
+    base = torch.ones(4, 3)
+    module.CACHE = [base.t()]  # type: ignore[attr-defined]
+    storage = base.untyped_storage().data_ptr()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(base))  # as C++ holds a view's base
+    del base
+
+    def shows(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
+            return ("cpu", storage), 48, "cuda:0"
+        return None
+
+    cached = module.CACHE[0]  # type: ignore[attr-defined]
+    held = cached._base
+    try:
+        # The base first, as the heap may list it: the view still places the storage.
+        objects = [held, cached]
+        del cached
+        found = find_leak_holders(objects, shows)
+        del objects
+        path, kind, _ = only(found)
+        assert (path, kind) == ("mymod.CACHE[0]", "module global")
+        assert found.holders[0].tensors == 2
+    finally:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(held))
