@@ -278,9 +278,12 @@ def _search_frozen(
     return 0 if _walk_down(targets, facts, budget, unshown) else frozen
 
 
-def holder_order(holder: LeakHolder) -> tuple[bool, int, str]:
-    """Holders that a Python root reaches first, then by size, largest first."""
-    return holder.kind.startswith("C++"), -holder.nbytes, holder.path
+def holder_order(holder: LeakHolder) -> tuple[int, int, str]:
+    """Holders that a Python root reaches first, then the paths from where only C++
+    holds them (:data:`OUTSIDE`), then what no Python object reaches; by size, largest
+    first."""
+    rank = 2 if holder.kind.startswith("C++") else 1 if holder.kind == OUTSIDE else 0
+    return rank, -holder.nbytes, holder.path
 
 
 def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _Target]:

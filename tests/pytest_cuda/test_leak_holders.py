@@ -559,3 +559,20 @@ def test_a_storage_is_walked_from_each_tensor_that_shows_it(module: types.Module
         assert found.holders[0].tensors == 2
     finally:
         ctypes.pythonapi.Py_DecRef(ctypes.py_object(held))
+
+
+def test_a_python_root_comes_before_what_only_cpp_holds(module: types.ModuleType) -> None:
+    module.KEEP = [Blob(64)]  # type: ignore[attr-defined]
+    orphan = Blob(4096)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(orphan))  # as C++ holds a leaf's .grad
+    alive = weakref.ref(orphan)
+    del orphan
+    try:
+        found = scan()
+        assert [(h.path, h.kind) for h in found.holders] == [
+            ("mymod.KEEP[0]", "module global"),
+            ("a Blob that no Python object holds (C++ does, or a running function)", OUTSIDE),
+        ]
+        assert found.first() == "mymod.KEEP[0] (module global)"
+    finally:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(alive()))
