@@ -347,9 +347,11 @@ def test_library_caches_are_kept_and_the_cpp_side_is_named(
     result.stdout.fnmatch_lines(
         [
             "LEAKED test_kept.py::test_held_in_cpp - 4.0 MiB on cuda:0, allocated at "
-            "test_kept.py:* in test_held_in_cpp, held by no Python object*(C++ side*",
+            "test_kept.py:* in test_held_in_cpp, held by a Tensor that no Python object "
+            "holds (C++ does, or a running function) (no Python root: C++ holds where the "
+            "path starts)",
         ]
     )
     result.stdout.fnmatch_lines(
-        ["*4.0 MiB* on cuda:0: no Python object that the walk reached (C++ side*"]
+        ["*4.0 MiB (1 tensor) on cuda:0: a Tensor that no Python object holds (C++ does*"]
     )
