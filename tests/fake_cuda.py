@@ -298,6 +298,11 @@ class FakeAllocator:
 
     # -- the seam ----------------------------------------------------------------------
 
+    def allocated_bytes(self) -> dict[int, int]:
+        if not self.initialized:
+            return {}
+        return {d: self.counters[d]["allocated"] for d in range(len(self.devices))}
+
     def allocator_stats(self, device: int = 0) -> cuda.AllocatorStats:
         return cuda.AllocatorStats(**(self.counters[device] if self.initialized else {}))
 

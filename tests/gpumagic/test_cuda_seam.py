@@ -172,6 +172,7 @@ def test_allocator_stats_are_zero_before_cuda_init() -> None:
     if cuda.is_initialized():
         pytest.skip("CUDA already initialised in this process")
     assert cuda.allocator_stats(0) == cuda.AllocatorStats(0, 0, 0, 0)
+    assert cuda.allocated_bytes() == {}
 
 
 def test_visible_devices_restores_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,6 +267,8 @@ def test_allocator_stats_see_a_tensor() -> None:
     assert after.allocated - before.allocated == 64 * 2**20
     assert after.reserved >= after.allocated
     assert after.peak_allocated >= after.allocated
+    # The leak check's one number, per device: the same counter.
+    assert cuda.allocated_bytes()[0] == after.allocated
     del x
 
 

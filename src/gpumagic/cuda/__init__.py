@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from gpumagic.cuda.allocator import (
     AllocatorStats,
+    allocated_bytes,
     allocation_marks,
     allocator_backend,
     allocator_stats,
@@ -143,6 +144,7 @@ __all__ = [
     "SmClock",
     "SyncEvent",
     "TensorFacts",
+    "allocated_bytes",
     "allocation_marks",
     "allocator_backend",
     "allocator_stats",
