@@ -197,6 +197,11 @@ def main() -> None:
         "--xdist", action="store_true", help="with --suite: also the check under -n 4, once"
     )
     parser.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="with --suite: leave out the --cuda-leak-trace configuration (more rounds fit)",
+    )
+    parser.add_argument(
         "--with-torch",
         action="store_true",
         help="with --suite: instead, compare PyTorch's CudaMemoryLeakCheck (on the first "
@@ -217,6 +222,7 @@ def main() -> None:
                 args.suite_rounds,
                 name=args.name,
                 xdist=args.xdist,
+                trace=not args.no_trace,
             )
         return
     status = cuda.status()

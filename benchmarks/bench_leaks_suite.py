@@ -3,15 +3,16 @@
 Runs the suite's tests (a folder, with ``--files`` and ``-k`` to select) in a fresh
 ``pytest`` process per run: one untimed warm-up with the plugin off (imports, on-disk
 kernel caches), then ``rounds`` rounds of the configurations, interleaved so drift hits
-each alike (odd rounds in reverse order; the median wall time counts), and, with
-``--xdist``, the check under ``-n 4`` once. Every run seeds the random generators at
+each alike (each round starts one configuration later; the median wall time counts),
+and, with ``--xdist``, the check under ``-n 4`` once. Every run seeds the random generators at
 each test's setup (``seed_each_test.py``), so an outcome that differs from the anchor's
 is the configuration's doing, not the luck of unseeded tests. The configurations:
 
 * ``plugin loaded``: no option (the anchor: what a suite pays with the plugin
   installed and no check asked for);
 * ``--cuda-leak-check``: the default check;
-* ``--cuda-leak-check --cuda-leak-trace``: the holder search without its time limit.
+* ``--cuda-leak-check --cuda-leak-trace``: the holder search without its time limit
+  (left out with ``--no-trace``, so that more rounds fit in the same time).
 
 For each: the wall time of the whole process, the summed and the worst per-test growth
 of teardown time against the anchor (pytest's ``--durations``), the outcomes (JUnit
@@ -237,16 +238,19 @@ def main(
     *,
     name: str = "",
     xdist: bool = False,
+    trace: bool = True,
 ) -> None:
     targets = files or ["."]
     name = name or suite.name
     warm = run_config(suite, targets, PLUGIN_OFF[1], keyword)
     print(f"[{name}] warm-up ({PLUGIN_OFF[0]}): {warm['wall_s']:.1f} s wall, untimed", flush=True)
-    configs = list(CONFIGS)
+    configs = list(CONFIGS if trace else CONFIGS[:2])
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in (*configs, XDIST)}
     for round_ in range(rounds):
-        # Odd rounds run the configurations in reverse: none always follows another.
-        for label, options in configs[:: -1 if round_ % 2 else 1]:
+        # Each round starts one configuration later: none keeps one place in the order
+        # (reversing odd rounds would keep the middle one in the middle).
+        shift = round_ % len(configs)
+        for label, options in configs[shift:] + configs[:shift]:
             result = run_config(suite, targets, options, keyword)
             runs[label].append(result)
             print(
