@@ -290,7 +290,7 @@ def _suite_ratio_spread(label: str) -> Callable[[Run], float]:
 
 
 def _growing_ratio_spread(run: Run, *, suite: str, label: str) -> float:
-    run = _suite_run(run, suite)
+    run = _suite_run(run, suite, label)
     walls = [float(w) for w in run.one(suite=suite, label=label)["walls"]]
     anchor = [float(w) for w in run.one(suite=suite, label="plugin loaded")["walls"]]
     return _width(_round_ratios(walls, anchor))
@@ -373,17 +373,18 @@ def _loop_ratio(run: Run, name: str, base: str) -> float:
     return _named(run, name) / _named(run, base)
 
 
-def _suite_run(run: Run, suite: str) -> Run:
-    """The latest run of ``run``'s benchmark that ran ``suite``: ``bench_leaks.py
-    --suite`` runs one suite at a time, and a later file may hold only some of them."""
+def _suite_run(run: Run, suite: str, label: str | None = None) -> Run:
+    """The latest run of ``run``'s benchmark that ran ``suite`` (in the configuration
+    ``label``, when given): ``bench_leaks.py --suite`` runs one suite at a time, and a
+    later file may hold only some of them, or some configurations (``--no-trace``)."""
     for found in reversed(load(run.file.parent)[run.bench]):
-        if found.rows(suite=suite):
+        if found.rows(suite=suite) if label is None else found.rows(suite=suite, label=label):
             return found
-    raise KeyError(f"no result file of {run.bench} ran {suite}")
+    raise KeyError(f"no result file of {run.bench} ran {suite}" + (f", {label}" if label else ""))
 
 
 def _growing(run: Run, *, suite: str, label: str, key: str) -> float:
-    value = _suite_run(run, suite).one(suite=suite, label=label)[key]
+    value = _suite_run(run, suite, label).one(suite=suite, label=label)[key]
     if value is None:
         raise KeyError(f"{suite}, {label}: {key} is not comparable in {run.file.name}")
     return float(value)
@@ -1101,15 +1102,19 @@ def _table_leaks_suite(run: Run) -> Table:
 
 
 def _table_leaks_growing(run: Run) -> Table:
-    """Each suite's rows from the latest file that ran it (:func:`_suite_run`)."""
+    """Each suite's rows, each configuration's from the latest file that ran it
+    (:func:`_suite_run`)."""
     # Newest first: the suites of the latest file, then those only older files ran.
-    runs = reversed(load(run.file.parent)[run.bench])
-    suites = {r["suite"]: None for found in runs for r in found.rows() if "suite" in r}
+    runs_all = list(reversed(load(run.file.parent)[run.bench]))
+    suites = {r["suite"]: None for found in runs_all for r in found.rows() if "suite" in r}
     out = []
     for suite in suites:
-        found = _suite_run(run, suite)
-        for r in (r for r in found.rows(suite=suite) if "label" in r):
-            out.append(_growing_row(found, r))
+        labels = {
+            r["label"]: None for found in runs_all for r in found.rows(suite=suite) if "label" in r
+        }
+        for label in labels:
+            found = _suite_run(run, suite, label)
+            out.append(_growing_row(found, found.one(suite=suite, label=label)))
     header = [
         "suite",
         "run",
