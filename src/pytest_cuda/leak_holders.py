@@ -21,25 +21,24 @@ from __future__ import annotations
 import functools
 import gc
 import sys
-import time
 import types
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
 from pytest_cuda.leak_graphs import Saved, saved_tensors
-from pytest_cuda.leak_paths import Step, key_of, referents, render, step_between
+from pytest_cuda.leak_paths import key_of, referents, render, step_between
 from pytest_cuda.leak_roots import (
     closure_owner,
     fixture_name,
-    held_from_outside,
     is_library,
     is_test_instance,
     named_by_module,
     test_instances_in_keys,
 )
-from pytest_cuda.leak_young import counts_references, young_referrers
+from pytest_cuda.leak_walk_state import Boundary, Budget, Node, Target, end_path, ended
+from pytest_cuda.leak_young import young_referrers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -123,66 +122,6 @@ class LeakHolderScan:
         return f"{top.path} ({top.kind})"
 
 
-@dataclass(slots=True)
-class _Target:
-    """One leaked storage: a tensor that shows it, its size and device."""
-
-    obj: object
-    key: tuple[str, int]
-    nbytes: int
-    device: str
-    tensors: int = 1
-    #: Other tensors that show the storage (a view and its base): walked from too, as
-    #: one of them may be held from Python while only C++ holds the other.
-    others: list[object] = field(default_factory=list)
-    path: str = ""
-    kind: str = ""
-    note: str = ""
-    alive: bool = False
-    #: Where its walk ended at an object no Python object refers to: (rank, depth,
-    #: that object named, the steps down from it), the best one (see :func:`_ended`).
-    end: tuple[int, int, str, list[Step]] | None = None
-
-
-class _Budget:
-    """The walk's time limit: ``spent()`` once it is over (never, without a limit)."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds, self.ran_out = seconds, False
-        self.deadline = None if seconds is None else time.perf_counter() + seconds
-
-    def spent(self) -> bool:
-        self.ran_out = self.ran_out or (
-            self.deadline is not None and time.perf_counter() > self.deadline
-        )
-        return self.ran_out
-
-
-class _Boundary:
-    """The older heap the caller froze: while ``young``, :func:`gc.get_referrers` sees
-    only the test's objects; :meth:`thaw` once, before the whole heap is scanned."""
-
-    def __init__(self, thaw: Callable[[], None] | None) -> None:
-        self._thaw = thaw
-        self.young = thaw is not None and counts_references()
-        if not self.young:
-            self.thaw()  # the references cannot be counted here: scan the whole heap
-
-    def thaw(self) -> None:
-        self.young = False
-        if self._thaw is not None:
-            thaw, self._thaw = self._thaw, None
-            thaw()
-
-
-@dataclass(slots=True)
-class _Node:
-    obj: object
-    steps: list[Step]
-    target: _Target
-    through: set[str] = field(default_factory=set)
-
-
 def find_leak_holders(
     objects: Sequence[object],
     facts: Facts,
@@ -213,9 +152,9 @@ def find_leak_holders(
     cannot be inspected is in :attr:`LeakHolderScan.notes`.
     """
     notes: list[str] = []
-    targets: dict[tuple[str, int], _Target] = {}
-    budget = _Budget(budget_s)
-    boundary = _Boundary(thaw)
+    targets: dict[tuple[str, int], Target] = {}
+    budget = Budget(budget_s)
+    boundary = Boundary(thaw)
     hidden = 0  # frozen objects that may hide what the walk did not find
     try:
         # Reading arbitrary objects can warn (deprecated module attributes): not the
@@ -258,9 +197,9 @@ def find_leak_holders(
 
 
 def _search_frozen(
-    targets: dict[tuple[str, int], _Target],
+    targets: dict[tuple[str, int], Target],
     facts: Facts,
-    budget: _Budget,
+    budget: Budget,
     covered: Callable[[], bool] | None,
     frozen_before: int | None,
 ) -> int:
@@ -286,8 +225,8 @@ def holder_order(holder: LeakHolder) -> tuple[int, int, str]:
     return rank, -holder.nbytes, holder.path
 
 
-def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _Target]:
-    found: dict[tuple[str, int], _Target] = {}
+def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], Target]:
+    found: dict[tuple[str, int], Target] = {}
     for obj in objects:
         try:
             fact = facts(obj)
@@ -301,22 +240,22 @@ def _targets(objects: Iterable[object], facts: Facts) -> dict[tuple[str, int], _
             if len(found[key].others) < MAX_VIEWS:
                 found[key].others.append(obj)
         else:
-            found[key] = _Target(obj, key, nbytes, device)
+            found[key] = Target(obj, key, nbytes, device)
     return found
 
 
 def _scan(
-    targets: list[_Target],
+    targets: list[Target],
     notes: list[str],
     explain: Explain | None,
     searched: bool,
 ) -> LeakHolderScan:
-    groups: dict[tuple[str, str, str, bool], list[_Target]] = {}
+    groups: dict[tuple[str, str, str, bool], list[Target]] = {}
     for target in targets:
         if not target.path:
             explained = explain(target.key, searched) if explain is not None else None
             if explained is None and target.end is not None:
-                explained = _end_path(target), OUTSIDE
+                explained = end_path(target), OUTSIDE
             target.path, target.kind = explained or (
                 "no Python object that the walk reached",
                 "C++ side or unreachable: a library workspace, or an object cycle",
@@ -344,21 +283,21 @@ def _scan(
 
 
 def _walk_up(
-    targets: list[_Target],
+    targets: list[Target],
     notes: list[str],
-    budget: _Budget,
+    budget: Budget,
     ignore: Iterable[int] = (),
-    boundary: _Boundary | None = None,
+    boundary: Boundary | None = None,
 ) -> None:
     """Up from every target to a root, all targets a step at a time. While the
     ``boundary`` is young, a step scans only the test's objects, and the objects that
     something outside them holds too wait; once no young step is left, the heap is
     thawed and they go on, scanning the whole heap."""
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    layer = [_Node(obj, [], t) for t in targets for obj in (t.obj, *t.others)]
+    layer = [Node(obj, [], t) for t in targets for obj in (t.obj, *t.others)]
     seen = {(id(n.obj), id(n.target)) for n in layer}  # (object, target): each target's walk
     own = {id(layer), id(targets), id(seen), *ignore, *(id(t.others) for t in targets)}
-    waiting: list[_Node] = []  # held from outside the young objects: for the whole heap
+    waiting: list[Node] = []  # held from outside the young objects: for the whole heap
     own.add(id(waiting))
     too_long = False
     while True:
@@ -371,7 +310,7 @@ def _walk_up(
         if not layer or budget.spent():
             break
         young = boundary is not None and boundary.young
-        by_id: dict[int, list[_Node]] = {}
+        by_id: dict[int, list[Node]] = {}
         for node in layer:
             by_id.setdefault(id(node.obj), []).append(node)
         # Each object once: a scan of the whole heap costs more with every one asked for.
@@ -390,7 +329,7 @@ def _walk_up(
             # The whole heap was scanned: what nothing refers to, C++ holds.
             for key in by_id.keys() - held:
                 for node in by_id[key]:
-                    _ended(node)
+                    ended(node)
         # No variable of this frame may hold an object of the next step while the young
         # step counts its references.
         del referrers, nodes
@@ -404,20 +343,20 @@ def _walk_up(
 
 def _step_up(
     referrers: list[object],
-    by_id: dict[int, list[_Node]],
+    by_id: dict[int, list[Node]],
     *,
     own: set[int],
     seen: set[tuple[int, int]],
     modules: dict[int, str],
-    budget: _Budget,
-) -> tuple[list[_Node], set[int]]:
+    budget: Budget,
+) -> tuple[list[Node], set[int]]:
     """One step up from the nodes ``by_id`` (by their object's id) through their
     ``referrers``: the nodes of the next step, and the ids of the objects something
     other than the walk refers to (a running function's frame included)."""
-    following: list[_Node] = []
+    following: list[Node] = []
     held: set[int] = set()
     for ref in referrers:
-        if id(ref) in own or isinstance(ref, _Target | _Node | Saved):
+        if id(ref) in own or isinstance(ref, Target | Node | Saved):
             continue
         children = _children_in(ref, by_id)
         held.update(map(id, children))
@@ -437,7 +376,7 @@ def _step_up(
 
 
 def _walk_down(
-    targets: dict[tuple[str, int], _Target], facts: Facts, budget: _Budget, unshown: bool
+    targets: dict[tuple[str, int], Target], facts: Facts, budget: Budget, unshown: bool
 ) -> bool:
     """From every module's namespace down the references (:func:`referents`),
     breadth first, to the leaked tensors the walk up did not reach (objects frozen by
@@ -476,7 +415,7 @@ def _walk_down(
                     except Exception:
                         fact = None
                     if fact is not None and fact[0] not in targets:
-                        target = targets[fact[0]] = _Target(child, fact[0], fact[1], fact[2])
+                        target = targets[fact[0]] = Target(child, fact[0], fact[1], fact[2])
                 if target is not None:
                     _place(target, child, parent, modules, budget)
                     if not unshown and all(t.path for t in pending.values()):
@@ -488,15 +427,15 @@ def _walk_down(
 
 
 def _place(
-    target: _Target,
+    target: Target,
     found: object,
     parent: dict[int, object],
     modules: dict[int, str],
-    budget: _Budget,
+    budget: Budget,
 ) -> None:
     """Name the path the walk down found to ``found`` (a tensor of ``target``), by
     following it back up as the walk up would have."""
-    node: _Node | None = _Node(found, [], target)
+    node: Node | None = Node(found, [], target)
     while node is not None and not target.path:
         ref = parent.get(id(node.obj))
         if ref is None:
@@ -504,7 +443,7 @@ def _place(
         node = _follow(ref, node.obj, node, modules, budget)
 
 
-def _children_in(ref: object, by_id: dict[int, list[_Node]]) -> list[object]:
+def _children_in(ref: object, by_id: dict[int, list[Node]]) -> list[object]:
     try:
         return [child for child in referents(ref) if id(child) in by_id]
     except Exception:
@@ -512,8 +451,8 @@ def _children_in(ref: object, by_id: dict[int, list[_Node]]) -> list[object]:
 
 
 def _follow(
-    ref: object, child: object, node: _Node, modules: dict[int, str], budget: _Budget
-) -> _Node | None:
+    ref: object, child: object, node: Node, modules: dict[int, str], budget: Budget
+) -> Node | None:
     """``ref`` refers to ``child`` (a node of the walk): a root (recorded on the node's
     target), or the next node up, or ``None`` for a link the walk does not follow."""
     target = node.target
@@ -574,25 +513,10 @@ def _follow(
         kind = LIBRARY if is_library(ref.__module__) else "class attribute"
         _root(target, render(name, [step, *node.steps]), kind, note, named_by_module(ref))
         return None
-    return _Node(ref, [step, *node.steps], target, through)
+    return Node(ref, [step, *node.steps], target, through)
 
 
-def _ended(node: _Node) -> None:
-    """``node``'s object is alive and no Python object refers to it: keep it as where
-    its target's walk ended, if it says more than the end kept (a recognised holder,
-    else the nearest)."""
-    rank, named = held_from_outside(node.obj)
-    end = (rank, len(node.steps), named, node.steps)
-    if node.target.end is None or end[:2] < node.target.end[:2]:
-        node.target.end = end
-
-
-def _end_path(target: _Target) -> str:
-    """The path from where the target's walk ended, or ``""`` when it met no end."""
-    return "" if target.end is None else render(target.end[2], target.end[3])
-
-
-def _root(target: _Target, path: str, kind: str, note: str, alive: bool = False) -> None:
+def _root(target: Target, path: str, kind: str, note: str, alive: bool = False) -> None:
     target.path, target.kind, target.note = path, kind, note.lstrip("; ")
     target.alive = alive
 
@@ -607,37 +531,37 @@ def _through_note(through: set[str]) -> str:
 
 def _graphs(
     objects: Sequence[object],
-    targets: dict[tuple[str, int], _Target],
+    targets: dict[tuple[str, int], Target],
     facts: Facts,
     notes: list[str],
-    budget: _Budget,
-) -> tuple[list[tuple[_Target, _Target, Saved]], list[_Target]]:
+    budget: Budget,
+) -> tuple[list[tuple[Target, Target, Saved]], list[Target]]:
     """``(owner's probe, target, saved)`` for every place an autograd graph holds a
     leaked tensor (:func:`~pytest_cuda.leak_graphs.saved_tensors`), and the probes, one
     per owner: a probe is walked up like a target; a target that no Python object showed
     waits for it (``"…"``)."""
-    probes: dict[int, _Target] = {}
-    found: list[tuple[_Target, _Target, Saved]] = []
+    probes: dict[int, Target] = {}
+    found: list[tuple[Target, Target, Saved]] = []
     for saved in saved_tensors(objects, facts, notes, budget.spent):
         key, nbytes, device = saved.fact
         target = targets.get(key)
         if target is None:
-            target = targets[key] = _Target(saved.tensor, key, nbytes, device, path="…")
+            target = targets[key] = Target(saved.tensor, key, nbytes, device, path="…")
         probe = probes.setdefault(
-            id(saved.owner), _Target(saved.owner, ("graph", id(saved.owner)), 0, "")
+            id(saved.owner), Target(saved.owner, ("graph", id(saved.owner)), 0, "")
         )
         found.append((probe, target, saved))
     return found, list(probes.values())
 
 
-def _name_saved(graphs: list[tuple[_Target, _Target, Saved]]) -> None:
+def _name_saved(graphs: list[tuple[Target, Target, Saved]]) -> None:
     """Name a tensor a graph holds from its owner's place, unless a path of its own
     placed it. Owners the walk placed go first: a view's base, which only C++ holds,
     owns a part of the view's graph too."""
     for probe, target, saved in sorted(graphs, key=lambda g: (not g[0].path, not g[0].alive)):
         if target.path not in ("", "…"):
             continue
-        held_by = probe.path or _end_path(probe) or "a tensor that the walk could not place"
+        held_by = probe.path or end_path(probe) or "a tensor that the walk could not place"
         target.path = f"{held_by}{saved.where}"
         target.kind = saved.kind
         target.note = probe.note if probe.path or probe.end is None else OUTSIDE

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_leak_holders import Blob, blob_facts
 
-from pytest_cuda import leak_holders
+from pytest_cuda import leak_walk_state
 from pytest_cuda.leak_holders import OUTSIDE, LeakHolderScan, find_leak_holders
 from pytest_cuda.leak_young import counts_references, young_referrers
 
@@ -129,7 +129,7 @@ def test_a_young_island_held_from_cpp_costs_one_whole_heap_scan(
 
 
 def test_a_walk_without_exact_counts_thaws_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(leak_holders, "counts_references", lambda: False)
+    monkeypatch.setattr(leak_walk_state, "counts_references", lambda: False)
     spy = Spy(monkeypatch)
     keep: list[Any] = []
 
