@@ -294,13 +294,13 @@ class LeakChecker:
         if not check.leaks:
             return
         baseline = check.first or {}
-        if all(g <= check.tolerance for g in growth(baseline, end, check.held).values()):
+        if _within(check, baseline, end):
             return
         # Usually the function-scoped fixtures' values: freed at once by refcount, and
         # the test is as clean as one that never grew.
         _release_test_references(check.item)
         end = self.source.read()
-        if all(g <= check.tolerance for g in growth(baseline, end, check.held).values()):
+        if _within(check, baseline, end):
             return
         # The collection walks only what the test made where the older heap is frozen;
         # else (the collector is off, or the user froze objects first) it would walk
@@ -470,6 +470,11 @@ def checked_for_leaks(item: pytest.Item) -> tuple[int, Mode] | None:
     ``None`` when the test is not checked for leaks."""
     check = item.stash.get(_CHECK, None)
     return (check.tolerance, check.mode) if check is not None and check.leaks else None
+
+
+def _within(check: _Check, baseline: dict[int, int], reading: dict[int, int]) -> bool:
+    """No device grew past the test's tolerance between ``baseline`` and ``reading``."""
+    return all(g <= check.tolerance for g in growth(baseline, reading, check.held).values())
 
 
 def _subject(item: pytest.Item) -> str:

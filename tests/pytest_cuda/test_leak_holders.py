@@ -28,6 +28,8 @@ from pytest_cuda.leak_roots import held_from_outside
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from pytest_cuda.leak_graphs import Facts
+
 
 class Blob:
     """A stand-in for a leaked tensor: a size, and a marker the walk is told about."""
@@ -42,12 +44,23 @@ def blob_facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
     return None
 
 
-def scan() -> LeakHolderScan:
+def scan(facts: Facts = blob_facts) -> LeakHolderScan:
     objects = gc.get_objects()
     try:
-        return find_leak_holders(objects, blob_facts)
+        return find_leak_holders(objects, facts)
     finally:
         del objects
+
+
+def storage_facts(storage: int, nbytes: int) -> Facts:
+    """Facts for the CPU tensors of one storage (its ``data_ptr``), as if on cuda:0."""
+
+    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
+            return ("cpu", storage), nbytes, "cuda:0"
+        return None
+
+    return facts
 
 
 def only(result: LeakHolderScan) -> tuple[str, str, str]:
@@ -217,18 +230,9 @@ def test_what_nothing_reaches_is_said_so() -> None:
 def test_an_autograd_graph_holds_its_saved_tensors(module: types.ModuleType) -> None:
     x = torch.ones(1000, requires_grad=True)
     module.LOSS = (x * x).sum()  # type: ignore[attr-defined]
-    storage = x.untyped_storage().data_ptr()
+    saved = storage_facts(x.untyped_storage().data_ptr(), 4000)
     del x
-
-    def saved(obj: object) -> tuple[tuple[str, int], int, str] | None:
-        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
-            return ("cpu", storage), 4000, "cuda:0"
-        return None
-
-    objects = gc.get_objects()
-    found = find_leak_holders(objects, saved)
-    del objects
-    path, kind, _ = only(found)
+    path, kind, _ = only(scan(saved))
     assert path.startswith("mymod.LOSS.grad_fn (SumBackward0).next_functions[0][0] (MulBackward0)")
     assert path.endswith(("._saved_self", "._saved_other"))
     assert kind == "autograd graph (a saved tensor)"
@@ -239,17 +243,9 @@ def test_an_autograd_graph_holds_the_leaf_it_accumulates_into(module: types.Modu
     # leaf that requires grad: the leaf itself is held only by the copy's graph.
     x = torch.ones(10, 100, requires_grad=True)
     module.COPY = x.t().contiguous().t()  # type: ignore[attr-defined]
-    storage = x.untyped_storage().data_ptr()
+    leaf = storage_facts(x.untyped_storage().data_ptr(), 4000)
     del x
-
-    def leaf(obj: object) -> tuple[tuple[str, int], int, str] | None:
-        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
-            return ("cpu", storage), 4000, "cuda:0"
-        return None
-
-    objects = gc.get_objects()
-    found = find_leak_holders(objects, leaf)
-    del objects
+    found = scan(leaf)
     path, kind, _ = only(found)
     assert path == (
         "mymod.COPY.grad_fn (TBackward0).next_functions[0][0] (CloneBackward0)"
@@ -537,14 +533,9 @@ def test_a_storage_is_walked_from_each_tensor_that_shows_it(module: types.Module
     # its base (no Python object refers to it), and both show one storage.
     base = torch.ones(4, 3)
     module.CACHE = [base.t()]  # type: ignore[attr-defined]
-    storage = base.untyped_storage().data_ptr()
+    shows = storage_facts(base.untyped_storage().data_ptr(), 48)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(base))  # as C++ holds a view's base
     del base
-
-    def shows(obj: object) -> tuple[tuple[str, int], int, str] | None:
-        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == storage:
-            return ("cpu", storage), 48, "cuda:0"
-        return None
 
     cached = module.CACHE[0]  # type: ignore[attr-defined]
     held = cached._base

@@ -58,19 +58,20 @@ def allocator_stats(device: int = 0) -> AllocatorStats:
     if not is_initialized():
         return AllocatorStats()
     stats = torch_module()._C._cuda_memoryStats(device)
-
-    def get(name: str, which: str = "current") -> int:
-        entry = stats.get(name)
-        return int(entry["all"][which]) if entry else 0
-
     return AllocatorStats(
-        allocated=get("allocated_bytes"),
-        reserved=get("reserved_bytes"),
-        peak_allocated=get("allocated_bytes", "peak"),
-        peak_reserved=get("reserved_bytes", "peak"),
-        requested=get("requested_bytes"),
-        allocations=get("allocation", "allocated"),
+        allocated=_counter(stats, "allocated_bytes"),
+        reserved=_counter(stats, "reserved_bytes"),
+        peak_allocated=_counter(stats, "allocated_bytes", "peak"),
+        peak_reserved=_counter(stats, "reserved_bytes", "peak"),
+        requested=_counter(stats, "requested_bytes"),
+        allocations=_counter(stats, "allocation", "allocated"),
     )
+
+
+def _counter(stats: dict[str, Any], name: str, which: str = "current") -> int:
+    """One counter of ``torch._C._cuda_memoryStats``'s nested dict, all pools together."""
+    entry = stats.get(name)
+    return int(entry["all"][which]) if entry else 0
 
 
 def allocated_bytes() -> dict[int, int]:
@@ -81,11 +82,10 @@ def allocated_bytes() -> dict[int, int]:
         return {}
     torch = torch_module()
     stats = torch._C._cuda_memoryStats
-    found = {}
-    for device in range(torch.cuda.device_count()):
-        entry = stats(device).get("allocated_bytes")
-        found[device] = int(entry["all"]["current"]) if entry else 0
-    return found
+    return {
+        device: _counter(stats(device), "allocated_bytes")
+        for device in range(torch.cuda.device_count())
+    }
 
 
 def reset_peak_memory_stats(device: int) -> None:
