@@ -550,10 +550,6 @@ FIGURES: dict[str, Figure] = {
                 "{:.2f} s",
             ),
         )
-        # torch_geometric never grows: its run with --cuda-leak-trace was not comparable,
-        # and it predates the worst teardown's growth.
-        if short != "pyg"
-        or what in ("check_ratio", "leaked", "with_line", "with_holder", "teardown")
     },
     # bench_warm_ranks.py: 20 cuda_distributed tests, warm ranks against fresh ones.
     **{
