@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cuda.discovery import is_initialized, torch_module
+from gpumagic.cuda.runtime import visible_device_total
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -78,14 +79,11 @@ def allocated_bytes() -> dict[int, int]:
     """Bytes allocated now on each device torch has, ``{}`` before torch initialised
     CUDA: the one number a leak check reads per test, through the same nested C call
     as :func:`allocator_stats`, once per device, with nothing else built."""
-    if not is_initialized():
+    total = visible_device_total()
+    if not total:
         return {}
-    torch = torch_module()
-    stats = torch._C._cuda_memoryStats
-    return {
-        device: _counter(stats(device), "allocated_bytes")
-        for device in range(torch.cuda.device_count())
-    }
+    memory_stats = torch_module()._C._cuda_memoryStats
+    return {device: _counter(memory_stats(device), "allocated_bytes") for device in range(total)}
 
 
 def reset_peak_memory_stats(device: int) -> None:
