@@ -1,4 +1,4 @@
-"""What the leak check's heap boundary costs and saves (``pytest_cuda.leak_heap``).
+"""What the leak check's heap boundary costs and saves (``pytest_cuda.leaks.heap``).
 
 A check that settles a growing test collects garbage. A full collection walks every
 object of the process; with the heap that existed before the test frozen
@@ -8,7 +8,7 @@ only what the test made. This measures, on a heap of about 1.4 million tracked o
 a full collection, and a collection with the older heap frozen while a test's worth of
 new objects (2,000 lists) is alive; and the search for a leaking test's tensors (one
 type check per object) over the whole heap, against over what the test made, with
-whether :class:`~pytest_cuda.leak_heap.TestHeap` draws the boundary on this interpreter
+whether :class:`~pytest_cuda.leaks.heap.TestHeap` draws the boundary on this interpreter
 (CPython 3.12 freezes objects of its own at start-up). No GPU is involved::
 
     python benchmarks/bench_gc_freeze.py [--json FILE]
@@ -27,7 +27,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pytest_cuda.leak_heap import TestHeap, interpreter_frozen
+from pytest_cuda.leaks.heap import TestHeap, interpreter_frozen
 
 
 def _median_s(run: object, repeat: int) -> float:

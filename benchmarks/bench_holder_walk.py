@@ -1,9 +1,9 @@
 """The leak check's holder walk on a real suite's leaking tests, on the CPU.
 
-The walk (:func:`pytest_cuda.leak_holders.find_leak_holders`) is pure Python over the
+The walk (:func:`pytest_cuda.leaks.walk.holders.find_leak_holders`) is pure Python over the
 objects a test left: the device of their tensors changes nothing it does. This replays
 leaking tests of a real third-party suite in this process, as the checker sees them:
-the heap that existed before the test frozen (:class:`~pytest_cuda.leak_heap.TestHeap`),
+the heap that existed before the test frozen (:class:`~pytest_cuda.leaks.heap.TestHeap`),
 the test run (its CPU variant), the young garbage collected, and the tensors the test
 left alive taken as the leak. Then it times the walk two ways, each with the checker's
 0.3 s limit and without one (``--cuda-leak-trace``), on a fresh run of the test each:
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumagic import cuda
-from pytest_cuda.leak_holders import find_leak_holders
+from pytest_cuda.leaks.walk.holders import find_leak_holders
 
 CASES = (
     "examples.test_simple_gp_regression:TestSimpleGPRegression.test_fantasy_updates",

@@ -137,13 +137,13 @@ def pytest_unconfigure(config):
 """
 
 NO_BOUNDARY = """
-from pytest_cuda import leak_heap
+from pytest_cuda.leaks import heap as leak_heap
 
 leak_heap.interpreter_frozen = lambda: -1  # every freeze found is someone else's
 """
 
 WALK_THAWED_FIRST = """
-from pytest_cuda import leak_holders
+from pytest_cuda.leaks.walk import holders as leak_holders
 
 leak_holders.counts_references = lambda: False
 """
@@ -204,7 +204,7 @@ def main() -> None:
         cells = [f"{r['protocol_s'] * 1e3:.1f} ms" for r in rows if r["test"] == test]
         print(f"| {test} | " + " | ".join(cells) + " |")
     if args.json is not None:
-        from pytest_cuda.leak_heap import interpreter_frozen
+        from pytest_cuda.leaks.heap import interpreter_frozen
 
         env: dict[str, Any] = {
             "bench": "leak_teardown",

@@ -2,7 +2,7 @@
 pytest_cuda's leak check takes, summed over the run, printed at the end.
 
 Load it with ``-p settle_probe`` (this folder on ``sys.path``); it wraps the steps of
-:class:`pytest_cuda.leaks.CudaMemory` and the reading, and changes nothing else.
+:class:`pytest_cuda.leaks.engine.CudaMemory` and the reading, and changes nothing else.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a CUDA error message says: which error, whether it is sticky, and what to do.
 
-Shared by pytest_cuda (which error poisoned the process, :mod:`pytest_cuda.poison`) and
+Shared by pytest_cuda (which error poisoned the process, :mod:`pytest_cuda.sync.poison`) and
 ``%cudatime`` (a hint under an error from the timed body). Pure: it reads messages.
 """
 

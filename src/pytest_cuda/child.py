@@ -5,7 +5,7 @@ whose CUDA context is whole), ``--cuda-rerun-blocking`` (a failed test again wit
 ``CUDA_LAUNCH_BLOCKING=1``) and ``--cuda-leak-reruns`` (a leaking test alone). All three
 keep the user's command line (its options, ini overrides and plugins), so the child
 collects and configures as this session did, narrowed to the tests it is given
-(``--cuda-internal-resume``: :class:`pytest_cuda.continuation.ResumedRun`), with a
+(``--cuda-internal-resume``: :class:`pytest_cuda.sync.continuation.ResumedRun`), with a
 ``--basetemp`` and a cache of its own, without xdist. Its results come back through a
 file of events (:class:`EventWriter` on its side, :class:`ChildRun` here).
 

@@ -1,8 +1,8 @@
 """pytest_cuda's command-line surface: every ``--cuda-*`` option, the ini value and the
 marker lines, declared once for the entry point (:mod:`pytest_cuda.plugin`).
 
-The modes the entry point loads (:mod:`pytest_cuda.leak_plugin`,
-:mod:`pytest_cuda.sync_plugin`) only read these options. Declaring them here keeps
+The modes the entry point loads (:mod:`pytest_cuda.leaks.plugin`,
+:mod:`pytest_cuda.sync.plugin`) only read these options. Declaring them here keeps
 ``pytest --help`` and ``--markers`` whole, and the markers known, even where one mode
 is switched off with ``-p no:``. A leaf module: it imports nothing of pytest_cuda.
 """

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import pytest
 
-from pytest_cuda import distributed_plugin, leak_plugin, sync_plugin
 from pytest_cuda.collection import marker_names
-from pytest_cuda.distributed import MARKER as DISTRIBUTED
-from pytest_cuda.distributed import RANK_DEVICES
+from pytest_cuda.distributed import plugin as distributed_plugin
+from pytest_cuda.distributed.ranks import MARKER as DISTRIBUTED
+from pytest_cuda.distributed.ranks import RANK_DEVICES
+from pytest_cuda.leaks import plugin as leak_plugin
 from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
+from pytest_cuda.sync import plugin as sync_plugin
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from _pytest.config.argparsing import Parser
 
     from gpumagic.devices import CudaStatus, DeviceInfo
-    from pytest_cuda.distributed import DistributedSpec
+    from pytest_cuda.distributed.ranks import DistributedSpec
     from pytest_cuda.markers import CudaRequirement
     from pytest_cuda.selection import DeviceRequest, WorkerPlan
     from pytest_cuda.xdist_pinning import WorkerPin
@@ -48,11 +50,15 @@ if TYPE_CHECKING:
 
 __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices"]
 
-#: Opt-in modes of other pytest_cuda modules (leak checks, sync/debug modes, multi-rank
-#: tests): loaded
-#: with this module, so ``-p no:cuda`` turns them all off, each under its module name
-#: (``-p no:pytest_cuda.sync_plugin`` turns one off).
-MODE_PLUGINS: tuple[ModuleType, ...] = (leak_plugin, sync_plugin, distributed_plugin)
+#: Opt-in modes of the other pytest_cuda families (leak checks, sync/debug modes,
+#: multi-rank tests), each under a fixed plugin name: loaded with this module, so ``-p
+#: no:cuda`` turns them all off, and ``-p no:pytest_cuda.sync_plugin`` turns one off
+#: (the names the modules had before they moved into their folders).
+MODE_PLUGINS: dict[str, ModuleType] = {
+    "pytest_cuda.leak_plugin": leak_plugin,
+    "pytest_cuda.sync_plugin": sync_plugin,
+    "pytest_cuda.distributed_plugin": distributed_plugin,
+}
 
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
 _MARKERS = frozenset({"cuda", DISTRIBUTED})
@@ -82,9 +88,9 @@ def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager
         # This module, just registered. Not ``pytest_plugins``: for each name there
         # pytest first reads the entry points of every installed distribution (2 ms
         # per name with 100 of them), on every run.
-        for module in MODE_PLUGINS:
+        for name, module in MODE_PLUGINS.items():
             if not manager.is_registered(module):
-                manager.register(module, module.__name__)  # None where -p no: blocked it
+                manager.register(module, name)  # None where -p no: blocked it
         manager.register(CudaTestSetup(), SETUP_NAME)
         config = manager.get_plugin("pytestconfig")
         if isinstance(config, pytest.Config):  # loaded by a conftest, after the options
@@ -132,7 +138,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: The options each mode plugin serves (declared by :mod:`pytest_cuda.options` for all).
 _MODE_OPTIONS = {
-    leak_plugin.__name__: (
+    "pytest_cuda.leak_plugin": (
         ("cuda_leak_check", "--cuda-leak-check"),
         ("cuda_leak_trace", "--cuda-leak-trace"),
         ("cuda_leak_report", "--cuda-leak-report"),
@@ -363,7 +369,7 @@ def _distributed_spec(item: pytest.Item) -> DistributedSpec | None:
     mark = item.get_closest_marker(DISTRIBUTED)
     if mark is None:
         return None
-    from pytest_cuda.distributed import parse_distributed_marker
+    from pytest_cuda.distributed.ranks import parse_distributed_marker
     from pytest_cuda.markers import MarkerError
 
     try:

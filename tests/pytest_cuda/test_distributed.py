@@ -19,7 +19,7 @@ import pytest
 from reports import skip_reasons
 
 from fake_cuda import h200s
-from pytest_cuda.distributed import (
+from pytest_cuda.distributed.ranks import (
     DistributedSpec,
     RankOutcome,
     parse_distributed_marker,
@@ -233,8 +233,8 @@ def test_a_rank_that_died_is_reported_with_its_exit() -> None:
 def test_the_first_rank_to_fail_is_the_one_that_failed_first(tmp_path: Path) -> None:
     # Rank 1 fails; rank 0 fails 0.2 s later because rank 1 went away. The launcher
     # saw both end in the same poll: the ranks' own times decide which came first.
-    from pytest_cuda.rank_launch import _outcome
-    from pytest_cuda.rank_main import result_path
+    from pytest_cuda.distributed.launch import _outcome
+    from pytest_cuda.distributed.rank_main import result_path
 
     start = 100.0
     failures = {0: ("RuntimeError: Connection closed by peer", 101.7), 1: ("planted", 101.5)}
@@ -258,8 +258,8 @@ def test_a_failure_the_stop_caused_is_reported_as_still_running(tmp_path: Path) 
     stopped its peers (the peer's stack dump, then its kill) is reported as stopped,
     with its stack: its failure came after the stop was decided. One that failed
     before stays failed."""
-    from pytest_cuda.rank_launch import _outcome
-    from pytest_cuda.rank_main import result_path, stack_path, started_path
+    from pytest_cuda.distributed.launch import _outcome
+    from pytest_cuda.distributed.rank_main import result_path, stack_path, started_path
 
     decided = 1000.0
     stack_path(tmp_path, 1).write_text('  File "test_planted.py", line 111 in test_12\n')

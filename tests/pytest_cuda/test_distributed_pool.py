@@ -12,8 +12,8 @@ import os
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
-from pytest_cuda.distributed import DistributedSpec, RankOutcome, verdict
-from pytest_cuda.rank_leftovers import RankState, left_behind
+from pytest_cuda.distributed.leftovers import RankState, left_behind
+from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome, verdict
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -467,7 +467,8 @@ def test_importing_the_pool_imports_no_torch() -> None:
     import sys
 
     code = (
-        "import sys, pytest_cuda.rank_pool, pytest_cuda.rank_leftovers, pytest_cuda.plugin; "
+        "import sys, pytest_cuda.distributed.pool, pytest_cuda.distributed.leftovers, "
+        "pytest_cuda.plugin; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run(

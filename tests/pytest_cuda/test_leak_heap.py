@@ -1,4 +1,4 @@
-"""The test's heap boundary (:class:`pytest_cuda.leak_heap.TestHeap`): drawn on top of
+"""The test's heap boundary (:class:`pytest_cuda.leaks.heap.TestHeap`): drawn on top of
 what the interpreter froze by itself, never on top of someone else's freeze.
 
 This suite's conftest freezes the heap for the session; each test here puts that back.
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_cuda import leak_heap
-from pytest_cuda.leak_heap import TestHeap, interpreter_frozen
+from pytest_cuda.leaks import heap as leak_heap
+from pytest_cuda.leaks.heap import TestHeap, interpreter_frozen
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

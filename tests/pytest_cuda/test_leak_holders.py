@@ -21,14 +21,14 @@ import pytest
 import torch
 
 from gpumagic.stacks import Block, Frame, blocks_from_segments
-from pytest_cuda.leak_blocks import GRAPH_POOL, UNSHOWN, find_block_holders
-from pytest_cuda.leak_holders import LIBRARY, OUTSIDE, LeakHolderScan, find_leak_holders
-from pytest_cuda.leak_roots import held_from_outside
+from pytest_cuda.leaks.blocks import GRAPH_POOL, UNSHOWN, find_block_holders
+from pytest_cuda.leaks.walk.holders import LIBRARY, OUTSIDE, LeakHolderScan, find_leak_holders
+from pytest_cuda.leaks.walk.roots import held_from_outside
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from pytest_cuda.leak_graphs import Facts
+    from pytest_cuda.leaks.walk.graphs import Facts
 
 
 class Blob:
@@ -434,7 +434,7 @@ def test_the_walk_reads_a_module_through_its_namespace_only(
 FREED_FUTURE_ITERATORS = """
 import asyncio, gc
 from gpumagic.stacks import Block
-from pytest_cuda.leak_blocks import find_block_holders
+from pytest_cuda.leaks.blocks import find_block_holders
 
 async def main():
     future = asyncio.get_running_loop().create_future()

@@ -2,7 +2,7 @@
 
 The planted suites' conftest installs :mod:`fake_cuda` in place of the allocator side
 of :mod:`gpumagic.cuda` and hands the fake to the tests as ``fake_cuda``; the plugin,
-its hooks and :mod:`pytest_cuda.leaks` run for real.
+its hooks and :mod:`pytest_cuda.leaks.engine` run for real.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_options_marker_and_fixture_are_documented(pytester: pytest.Pytester) ->
         ["@pytest.mark.cuda_leak_check(tolerance=None, mode='fail'): fail the test when*"]
     )
     result = pytester.runpytest("--fixtures")
-    result.stdout.fnmatch_lines(["no_cuda_leak -- *leak_plugin.py:*", "*with no_cuda_leak(*"])
+    result.stdout.fnmatch_lines(["no_cuda_leak -- *leaks/plugin.py:*", "*with no_cuda_leak(*"])
 
 
 def test_a_negative_memory_report_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -623,7 +623,7 @@ def test_no_cuda_leak_as_import_and_as_fixture(
     result.stdout.fnmatch_lines(
         [
             ">       with imported():",
-            "E       pytest_cuda.leaks.CudaLeakError: CUDA memory leak: the block at "
+            "E       pytest_cuda.leaks.engine.CudaLeakError: CUDA memory leak: the block at "
             "test_planted.py:6 left 4.0 KiB on cuda:0 allocated (tolerance 0 B), allocated "
             "at test_planted.py:7 in test_imported, held by test_planted.KEEP[0] (module global)",
         ]

@@ -1,5 +1,5 @@
 """The holder walk's first steps among the test's own objects, with the older heap
-frozen (:mod:`pytest_cuda.leak_young`), and the one thaw before the whole heap.
+frozen (:mod:`pytest_cuda.leaks.walk.young`), and the one thaw before the whole heap.
 
 Objects made before :func:`gc.freeze` stand for the older heap (a module's namespace,
 a cache made at import); those made after it, for what the test made. ``Blob`` stands
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_leak_holders import Blob, blob_facts
 
-from pytest_cuda import leak_walk_state
-from pytest_cuda.leak_holders import OUTSIDE, LeakHolderScan, find_leak_holders
-from pytest_cuda.leak_young import counts_references, young_referrers
+from pytest_cuda.leaks.walk import state as leak_walk_state
+from pytest_cuda.leaks.walk.holders import OUTSIDE, LeakHolderScan, find_leak_holders
+from pytest_cuda.leaks.walk.young import counts_references, young_referrers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

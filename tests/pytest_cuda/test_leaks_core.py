@@ -1,4 +1,4 @@
-"""The leak arithmetic of :mod:`pytest_cuda.leaks`, against a small fake allocator."""
+"""The leak arithmetic of :mod:`pytest_cuda.leaks.engine`, against a small fake allocator."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from gpumagic.stacks import (
     blocks_from_segments,
     group_by_stack,
 )
-from pytest_cuda import leaks
-from pytest_cuda.leaks import (
+from pytest_cuda.leaks import engine as leaks
+from pytest_cuda.leaks.engine import (
     CudaLeakError,
     CudaLeakWarning,
     CudaMemory,

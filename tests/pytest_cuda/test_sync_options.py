@@ -73,7 +73,7 @@ def test_fixture_is_documented(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--fixtures", "-v")
     result.stdout.fnmatch_lines(
         [
-            "cuda_no_sync -- *sync_plugin.py:*",
+            "cuda_no_sync -- *sync/plugin.py:*",
             "    Forbid implicit host-device synchronization in a block: "
             "``with cuda_no_sync(): ...``.",
             "*Not seen: explicit ``torch.cuda.synchronize()``*",
@@ -306,7 +306,7 @@ def test_an_implicit_sync_fails_in_one_line(
     monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
 ) -> None:
     # torch's error (raised in the block) is replaced by the report, not chained to it.
-    from pytest_cuda.sync_checks import no_implicit_sync
+    from pytest_cuda.sync.checks import no_implicit_sync
 
     install(
         monkeypatch,

@@ -6,7 +6,7 @@ plain pytest run blames every later CUDA test. This module holds the records of 
 cure (telling a CUDA error from another failure is :mod:`gpumagic.cuda_errors`'s; the
 fresh pytest process that runs the remaining tests is :mod:`pytest_cuda.child`'s).
 
-No pytest, no torch: the glue (hooks, report replay) is in :mod:`pytest_cuda.sync_plugin`.
+No pytest, no torch: the glue (hooks, report replay) is in :mod:`pytest_cuda.sync.plugin`.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 every ``cuda_distributed`` test that fits, replaced after a test that went wrong.
 
 A :class:`RankPool` keeps ``world_size`` rank processes
-(``python -m pytest_cuda.rank_main --serve``) and the rendezvous store they joined. It
+(``python -m pytest_cuda.distributed.rank_main --serve``) and the rendezvous store they joined. It
 sends each test's job to them (the job folder's path, one line on each rank's stdin)
-and watches them with :func:`~pytest_cuda.rank_launch.watch_job`, as fresh ranks are
+and watches them with :func:`~pytest_cuda.distributed.launch.watch_job`, as fresh ranks are
 watched. The process group is kept from test to test, and numbered: a new number (a
 new group, under a new prefix of the store) after a test with ``fresh_group=True``,
 for a test whose timeout outlasts the group's, and with new processes. After a test
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
-from pytest_cuda.rank_launch import (
+from pytest_cuda.distributed.launch import (
     GOOD_ENDS,
     group_timeout,
     kill_all,
@@ -35,8 +35,8 @@ from pytest_cuda.rank_launch import (
 if TYPE_CHECKING:
     import subprocess
 
-    from pytest_cuda.distributed import RankOutcome
-    from pytest_cuda.rank_launch import RankJob, TimedOut
+    from pytest_cuda.distributed.launch import RankJob, TimedOut
+    from pytest_cuda.distributed.ranks import RankOutcome
 
 __all__ = ["GROUP_TIMEOUT_S", "PoolKey", "RankPool", "RankPools"]
 

@@ -1,6 +1,6 @@
 """The CUDA leak checker: measures the tests that are checked.
 
-Registered by :mod:`pytest_cuda.leak_plugin` only when ``--cuda-leak-check``,
+Registered by :mod:`pytest_cuda.leaks.plugin` only when ``--cuda-leak-check``,
 ``--cuda-leak-trace`` or ``--cuda-memory-report`` asks for it or a collected test
 carries the ``cuda_leak_check`` marker, so a run that uses none of them never imports
 this module (nor the seam and the leak arithmetic it needs).
@@ -14,13 +14,13 @@ When a checked test is measured (this process's caching allocator, per device):
   fixture is (its ``pytest_fixture_post_finalizer``), else at the end of teardown;
 * a test whose reading did not grow is clean (a few µs). Otherwise the failed test's
   frames and its fixture values, which pytest drops right after teardown anyway, are
-  released (refcounting frees them at once), and :func:`pytest_cuda.leaks.settle`
+  released (refcounting frees them at once), and :func:`pytest_cuda.leaks.engine.settle`
   decides: garbage collection and the library caches only for what is still there.
-  The collection walks only what the test made (:class:`pytest_cuda.leak_heap.TestHeap`
+  The collection walks only what the test made (:class:`pytest_cuda.leaks.heap.TestHeap`
   froze the older heap at the baseline), so it costs the test's size, not the process's;
 * what is still there is attributed from the run itself: the live blocks allocated
   since the baseline (torch's allocator records their stacks while checks run,
-  :class:`pytest_cuda.leak_stacks.StackRecording`), the line that allocated them, and
+  :class:`pytest_cuda.leaks.stacks.StackRecording`), the line that allocated them, and
   the holder of their tensors (the walk stops after the ``cuda_leak_holder_search``
   ini value, 0.3 s, unless ``--cuda-leak-trace``). When the walk proves every holder
   alive (a module's global, a fixture's value), the leak is certain; otherwise one
@@ -40,11 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
-from pytest_cuda.leak_heap import TestHeap
-from pytest_cuda.leak_report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
-from pytest_cuda.leak_rerun import ENV_OUT, rerun_alone, write_reports
-from pytest_cuda.leak_stacks import StackRecording, attribute
-from pytest_cuda.leaks import (
+from pytest_cuda.leaks.engine import (
     FULL_COLLECTION,
     CudaLeakWarning,
     CudaMemory,
@@ -57,6 +53,10 @@ from pytest_cuda.leaks import (
     parse_leak_settings,
     settle,
 )
+from pytest_cuda.leaks.heap import TestHeap
+from pytest_cuda.leaks.report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
+from pytest_cuda.leaks.rerun import ENV_OUT, rerun_alone, write_reports
+from pytest_cuda.leaks.stacks import StackRecording, attribute
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Sequence

@@ -1,4 +1,4 @@
-"""Who holds leaked allocator blocks: the holder walk (:mod:`pytest_cuda.leak_holders`)
+"""Who holds leaked allocator blocks: the holder walk (:mod:`pytest_cuda.leaks.walk.holders`)
 from the tensors that lie in them, and what the blocks themselves tell when no Python
 object reaches them (a CUDA graph's pool, the library call that allocated them).
 
@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpumagic.stacks import is_python_file
-from pytest_cuda.leak_holders import (
+from pytest_cuda.leaks.walk.holders import (
     LIBRARY,
     NO_TENSOR,
     LeakHolder,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from gpumagic.stacks import Block
-    from pytest_cuda.leak_graphs import Facts
+    from pytest_cuda.leaks.walk.graphs import Facts
 
 __all__ = ["GRAPH_POOL", "UNSHOWN", "find_block_holders"]
 

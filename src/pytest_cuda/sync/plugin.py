@@ -20,7 +20,7 @@ no:pytest_cuda.sync_plugin`` turns it off alone):
 CUDA is touched only through :mod:`gpumagic.cuda`, and only in processes where torch
 has initialised CUDA (or where the user asked for a CUDA check). pytest imports this
 module on every run, so it holds the options, markers, fixture and configuration only:
-the per-test hooks are in :mod:`pytest_cuda.sync_checks`, imported and registered when
+the per-test hooks are in :mod:`pytest_cuda.sync.checks`, imported and registered when
 they have work (a sync mode asked for, a CUDA library imported, an option given).
 """
 
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import pytest
 
 from pytest_cuda.collection import marker_names
-from pytest_cuda.poison_report import (
+from pytest_cuda.sync.poison_report import (
     LAUNCH_BLOCKING,
     NOTES,
     SUMMARY_NAME,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpumagic import cuda
-    from pytest_cuda.sync_checks import PhaseChecks
+    from pytest_cuda.sync.checks import PhaseChecks
 
 __all__ = [
     "PoisonGuard",
@@ -126,7 +126,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[NOTES] = {}
     manager = config.pluginmanager
     if _is_xdist_controller(config):
-        from pytest_cuda.sync_checks import XdistCulprits
+        from pytest_cuda.sync.checks import XdistCulprits
 
         manager.register(XdistCulprits(), "cuda.poison-xdist")
     else:
@@ -137,7 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
         else:
             guard.watch_imports()
     if options.resume is not None:
-        from pytest_cuda.continuation import ResumedRun
+        from pytest_cuda.sync.continuation import ResumedRun
 
         manager.register(ResumedRun(config, options.resume), "cuda.resumed-run")
     elif not hasattr(config, "workerinput") and not _is_xdist_controller(config):
@@ -217,7 +217,7 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 def _register_sync_modes(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("cuda.sync-modes"):
-        from pytest_cuda.sync_checks import SyncModes
+        from pytest_cuda.sync.checks import SyncModes
 
         per_op = config.stash[_OPTIONS].sync == "per-op"
         config.pluginmanager.register(SyncModes(config, per_op_all=per_op), "cuda.sync-modes")
@@ -279,7 +279,7 @@ def cuda_no_sync(
     mode is process-wide while the block runs. Without CUDA the block checks nothing
     and the run ends with a note. ``@pytest.mark.cuda_no_sync`` covers a whole test.
     """
-    from pytest_cuda.sync_checks import no_implicit_sync
+    from pytest_cuda.sync.checks import no_implicit_sync
 
     return functools.partial(no_implicit_sync, request.config)
 
@@ -298,7 +298,7 @@ class PoisonGuard:
     The check is one device synchronize (:func:`gpumagic.cuda.async_error`) and is
     skipped entirely in processes where torch has not initialised CUDA. The hooks that
     run it after each phase and give a CUDA failure its repro command
-    (:class:`~pytest_cuda.sync_checks.PhaseChecks`) are registered once they can
+    (:class:`~pytest_cuda.sync.checks.PhaseChecks`) are registered once they can
     matter: when an option of this plugin is given, the check is swapped, or one of
     :data:`CUDA_LIBRARIES` is imported (a :class:`CudaImportWatch` sees the first
     import). A run that never imports one pays nothing per test.
@@ -337,7 +337,7 @@ class PoisonGuard:
         """Check after every test phase from now on."""
         self.unwatch_imports()
         if self.checks is None:
-            from pytest_cuda.sync_checks import PhaseChecks
+            from pytest_cuda.sync.checks import PhaseChecks
 
             self.checks = PhaseChecks(
                 self.config,

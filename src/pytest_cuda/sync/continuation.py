@@ -1,6 +1,6 @@
 """Running the rest of a session elsewhere after its process's CUDA context is lost.
 
-The pytest glue of :mod:`pytest_cuda.poison`. In the poisoned process,
+The pytest glue of :mod:`pytest_cuda.sync.poison`. In the poisoned process,
 :class:`Continuation` (``--cuda-on-poison=continue``) takes over the protocol of every
 later test: a fresh pytest process runs them (:class:`ResumedRun` on its side), and
 their reports are replayed here as they come, so the terminal, JUnit XML, ``--lf`` and

@@ -1,8 +1,8 @@
 """Multi-rank tests: the ``cuda_distributed`` marker, a rank's identity, and the report.
 
 Pure logic (no torch; pytest only for a stash key): the plugin
-(:mod:`pytest_cuda.distributed_plugin`) parses the marker here, the launcher
-(:mod:`pytest_cuda.rank_launch`) collects one :class:`RankOutcome` per rank, and
+(:mod:`pytest_cuda.distributed.plugin`) parses the marker here, the launcher
+(:mod:`pytest_cuda.distributed.launch`) collects one :class:`RankOutcome` per rank, and
 :func:`verdict` turns them into what pytest reports.
 """
 

@@ -1,4 +1,4 @@
-"""What the holder walk carries (:mod:`pytest_cuda.leak_holders`): a leaked storage
+"""What the holder walk carries (:mod:`pytest_cuda.leaks.walk.holders`): a leaked storage
 and where its walk got, a node of the walk, the walk's time limit, the boundary of the
 heap the caller froze, and where a walk ended at an object only C++ holds. Pure Python.
 """
@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_cuda.leak_paths import Step, render
-from pytest_cuda.leak_roots import held_from_outside
-from pytest_cuda.leak_young import counts_references
+from pytest_cuda.leaks.walk.paths import Step, render
+from pytest_cuda.leaks.walk.roots import held_from_outside
+from pytest_cuda.leaks.walk.young import counts_references
 
 if TYPE_CHECKING:
     from collections.abc import Callable

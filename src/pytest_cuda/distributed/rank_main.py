@@ -1,7 +1,7 @@
-"""One rank of ``cuda_distributed`` tests: ``python -m pytest_cuda.rank_main JOB RANK``
-for one test, or ``python -m pytest_cuda.rank_main --serve POOL RANK`` for a warm rank.
+"""One rank of ``cuda_distributed`` tests: ``python -m pytest_cuda.distributed.rank_main JOB RANK``
+for one test, or ``python -m pytest_cuda.distributed.rank_main --serve POOL RANK`` for a warm rank.
 
-Started by :mod:`pytest_cuda.rank_launch`, with the pytest process's ``sys.path``. For
+Started by :mod:`pytest_cuda.distributed.launch`, with the pytest process's ``sys.path``. For
 each test it imports the test's module once (with pytest's assertion rewriting, so a
 failed ``assert`` explains itself as it does in pytest), joins the process group (a
 warm rank keeps it from test to test), calls the test function with the fixture values
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType, TracebackType
 
-    from pytest_cuda.leaks import NoCudaLeak
-    from pytest_cuda.rank_leftovers import RankState
+    from pytest_cuda.distributed.leftovers import RankState
+    from pytest_cuda.leaks.engine import NoCudaLeak
 
 __all__ = [
     "JOB_FILE",
@@ -225,7 +225,7 @@ class _Rank:
 
     def _body(self) -> dict[str, Any]:
         from gpumagic import cuda
-        from pytest_cuda.distributed import RankInfo
+        from pytest_cuda.distributed.ranks import RankInfo
 
         job, rank = self.job, self.rank
         _import_test_module(job["module"], job["module_file"])
@@ -237,11 +237,11 @@ class _Rank:
         if job["wants_rank"]:
             kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
         if job["warm"]:
-            from pytest_cuda.rank_leftovers import capture
+            from pytest_cuda.distributed.leftovers import capture
 
             self.before = capture()
         if job["leak"] is not None:
-            from pytest_cuda.leaks import NoCudaLeak
+            from pytest_cuda.leaks.engine import NoCudaLeak
 
             tolerance, mode, trace = job["leak"]
             subject = f"{job['name']} on rank {rank}"
@@ -266,7 +266,7 @@ class _Rank:
     def _leftovers(self, *, groups: bool) -> list[str]:
         if self.before is None:
             return []
-        from pytest_cuda.rank_leftovers import capture, left_behind
+        from pytest_cuda.distributed.leftovers import capture, left_behind
 
         after = capture()
         if not groups:

@@ -1,7 +1,7 @@
 """The walk up inside what the test made: referrers among the test's own objects, and
 which of the objects walked something else holds too.
 
-While :class:`~pytest_cuda.leak_heap.TestHeap` keeps the heap that existed before the
+While :class:`~pytest_cuda.leaks.heap.TestHeap` keeps the heap that existed before the
 test frozen, :func:`gc.get_referrers` scans only the objects made since: a few hundred
 or thousand, where the whole heap of a process with torch and a large suite loaded is a
 few hundred thousand (about 50 ms a scan). A step up that stays among the young objects
@@ -9,7 +9,7 @@ costs microseconds. An object that something outside them holds too (an older ob
 C++, a variable of a running function) shows it in its reference count: more references
 than its referrers among the young objects account for. Only those objects need a scan
 of the whole heap, all of them in one, once the heap is thawed
-(:func:`pytest_cuda.leak_holders.find_leak_holders`).
+(:func:`pytest_cuda.leaks.walk.holders.find_leak_holders`).
 
 Counting is exact only where ``sys.getrefcount`` counts every reference: CPython with
 the GIL, 3.11 to 3.13 (:func:`counts_references`). Elsewhere (3.14 leaves some
@@ -44,7 +44,7 @@ def young_referrers(nodes: Sequence[object]) -> tuple[list[object], set[int]]:
     too (their reference count is more than those referrers account for).
 
     A module among the referrers is not read (its C state is never touched: see
-    :func:`pytest_cuda.leak_paths.referents`), so what it holds counts as held from
+    :func:`pytest_cuda.leaks.walk.paths.referents`), so what it holds counts as held from
     outside."""
     wanted = tuple(nodes)
     referrers = gc.get_referrers(*wanted)

@@ -1,8 +1,8 @@
 """What the sync plugin and its per-test checks share: the names, the run's notes and
 the session's culprits (a section of the terminal summary).
 
-A leaf module: :mod:`pytest_cuda.sync_plugin` (loaded on every run) and
-:mod:`pytest_cuda.sync_checks` (loaded when there is work) both import it, never each
+A leaf module: :mod:`pytest_cuda.sync.plugin` (loaded on every run) and
+:mod:`pytest_cuda.sync.checks` (loaded when there is work) both import it, never each
 other for it.
 """
 

@@ -2,8 +2,8 @@
 
 Runs only for a test already judged leaking. The walk goes *up* the references
 (:func:`gc.get_referrers`, one heap scan per level for all tensors at once; only the
-test's own objects while the older heap is still frozen, :mod:`pytest_cuda.leak_young`)
-to a root (:mod:`pytest_cuda.leak_roots`): a module global (``mymod._cache['x']``), a
+test's own objects while the older heap is still frozen, :mod:`pytest_cuda.leaks.walk.young`)
+to a root (:mod:`pytest_cuda.leaks.walk.roots`): a module global (``mymod._cache['x']``), a
 class attribute, a ``functools.lru_cache`` (saying when its keys hold test instances),
 a closure cell, a pytest fixture's value, or a library's global ("library cache": by
 design, not the user's leak). Tensors an
@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
-from pytest_cuda.leak_graphs import Saved, saved_tensors
-from pytest_cuda.leak_paths import key_of, referents, render, step_between
-from pytest_cuda.leak_roots import (
+from pytest_cuda.leaks.walk.graphs import Saved, saved_tensors
+from pytest_cuda.leaks.walk.paths import key_of, referents, render, step_between
+from pytest_cuda.leaks.walk.roots import (
     closure_owner,
     fixture_name,
     is_library,
@@ -37,13 +37,13 @@ from pytest_cuda.leak_roots import (
     named_by_module,
     test_instances_in_keys,
 )
-from pytest_cuda.leak_walk_state import Boundary, Budget, Node, Target, end_path, ended
-from pytest_cuda.leak_young import young_referrers
+from pytest_cuda.leaks.walk.state import Boundary, Budget, Node, Target, end_path, ended
+from pytest_cuda.leaks.walk.young import young_referrers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from pytest_cuda.leak_graphs import Facts
+    from pytest_cuda.leaks.walk.graphs import Facts
 
     #: ``explain(key, searched)``: the ``(path, kind)`` of a storage no root reached;
     #: ``searched``: nothing was out of the walk's sight (no time limit, nothing frozen).
@@ -146,7 +146,7 @@ def find_leak_holders(
     frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
     hundred at start-up); only a freeze since then can hide the leaked tensors
     themselves (``None``: any may). ``thaw``: the caller keeps the heap that existed
-    before the test frozen (:class:`~pytest_cuda.leak_heap.TestHeap`; ``objects`` are
+    before the test frozen (:class:`~pytest_cuda.leaks.heap.TestHeap`; ``objects`` are
     the test's own) and this puts it back: the walk goes up among the test's objects
     first and thaws before it scans the whole heap (always called). Never raises: what
     cannot be inspected is in :attr:`LeakHolderScan.notes`.
@@ -537,7 +537,7 @@ def _graphs(
     budget: Budget,
 ) -> tuple[list[tuple[Target, Target, Saved]], list[Target]]:
     """``(owner's probe, target, saved)`` for every place an autograd graph holds a
-    leaked tensor (:func:`~pytest_cuda.leak_graphs.saved_tensors`), and the probes, one
+    leaked tensor (:func:`~pytest_cuda.leaks.walk.graphs.saved_tensors`), and the probes, one
     per owner: a probe is walked up like a target; a target that no Python object showed
     waits for it (``"…"``)."""
     probes: dict[int, Target] = {}

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_cuda.child import child_argv_for, child_env, write_nodeids
-from pytest_cuda.leak_report import LeakReport
-from pytest_cuda.leaks import LIBRARY_STEP, Rerun
+from pytest_cuda.leaks.engine import LIBRARY_STEP, Rerun
+from pytest_cuda.leaks.report import LeakReport
 
 if TYPE_CHECKING:
     import pytest

@@ -21,12 +21,12 @@ from gpumagic.stacks import (
     blocks_allocated_since,
     group_by_stack,
 )
-from pytest_cuda.leak_blocks import find_block_holders
+from pytest_cuda.leaks.blocks import find_block_holders
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from pytest_cuda.leak_holders import LeakHolderScan
+    from pytest_cuda.leaks.walk.holders import LeakHolderScan
 
 __all__ = ["HISTORY_MAX_ENTRIES", "StackRecording", "attribute", "holders_of"]
 
@@ -93,7 +93,7 @@ def attribute(
     """The blocks alive now on ``devices`` that were allocated since ``start_us`` (see
     :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
     who holds them (:func:`holders_of`, over ``objects`` and within ``budget_s``;
-    ``frozen_before``, ``thaw``: see :func:`~pytest_cuda.leak_holders.find_leak_holders`)."""
+    ``frozen_before``, ``thaw``: see :func:`~pytest_cuda.leaks.walk.holders.find_leak_holders`)."""
     wanted = set(devices)
     found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
     blocks = [b for b in found if b.device in wanted]

@@ -6,7 +6,7 @@
 
 Always there: the options, the marker's documentation, the fixture, and two hooks that
 only read attributes of reports (so an xdist controller shows what its workers found).
-The checker (:class:`pytest_cuda.leak_checker.LeakChecker`, which says when a test is
+The checker (:class:`pytest_cuda.leaks.checker.LeakChecker`, which says when a test is
 measured) is imported and registered only when an option asks for it or a collected
 test carries the marker: pytest imports this module on every run, so it imports no
 more than pytest itself.
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_cuda.collection import marker_names
-from pytest_cuda.leak_report import (
+from pytest_cuda.leaks.report import (
     MARKER,
     REPORT_LEAK,
     REPORT_PEAK,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from _pytest.terminal import TerminalReporter
 
-    from pytest_cuda.leaks import NoCudaLeak
+    from pytest_cuda.leaks.engine import NoCudaLeak
 
 __all__ = ["CHECKER_NAME"]
 
@@ -87,7 +87,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _register(config: pytest.Config, *, leaks: bool) -> None:
-    from pytest_cuda.leak_checker import LeakChecker
+    from pytest_cuda.leaks.checker import LeakChecker
 
     _read_reports(config)
     checker = LeakChecker(config, leaks=leaks)
@@ -107,7 +107,7 @@ def no_cuda_leak() -> Callable[..., NoCudaLeak]:
     block leaves no CUDA memory allocated (the same as ``from pytest_cuda import
     no_cuda_leak``): a leak fails the test with the amounts per device and, with
     ``trace``, the lines that allocated the blocks still alive."""
-    from pytest_cuda.leaks import no_cuda_leak as factory
+    from pytest_cuda.leaks.engine import no_cuda_leak as factory
 
     return factory
 

@@ -1,6 +1,6 @@
 """How one object reaches another, and how a path of such steps is written.
 
-The holder walk (:mod:`pytest_cuda.leak_holders`) goes up from a leaked tensor one
+The holder walk (:mod:`pytest_cuda.leaks.walk.holders`) goes up from a leaked tensor one
 referrer at a time; each step says how the referrer reaches the object below it (a key,
 an index, an attribute), and :func:`render` writes the steps as the Python expression
 a person would type: ``mymod._cache['x'][3].weight``. Pure Python, no torch.

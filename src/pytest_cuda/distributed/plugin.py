@@ -7,12 +7,12 @@ parametrization), then its function runs in ``world_size`` rank processes, one r
 each, pinned to its own device of the selected ones (``--cuda-devices``; an outer
 ``CUDA_VISIBLE_DEVICES`` is respected) with the default process group initialised
 through a store on a free localhost port. The ranks are warm
-(:mod:`pytest_cuda.rank_pool`): started by the first test of their world size,
+(:mod:`pytest_cuda.distributed.pool`): started by the first test of their world size,
 backend and devices, kept with their process group for the next, and replaced after a
 test that failed or left state behind; ``fresh_group=True`` gives a test a process
 group of its own, ``isolate=True`` fresh processes of its own. The fixture values
 the function takes are pickled and sent to every rank; ``cuda_rank`` is each rank's own
-(:class:`~pytest_cuda.distributed.RankInfo`).
+(:class:`~pytest_cuda.distributed.ranks.RankInfo`).
 
 The test fails if any rank fails: the report names the rank, its traceback and the
 state of the others, with each rank's output as a report section. A test still running
@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_cuda.distributed import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
-from pytest_cuda.leak_plugin import CHECKER_NAME
+from pytest_cuda.distributed.ranks import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
+from pytest_cuda.leaks.plugin import CHECKER_NAME
 
 if TYPE_CHECKING:
-    from pytest_cuda.distributed import DistributedSpec, RankOutcome
-    from pytest_cuda.rank_pool import RankPools
+    from pytest_cuda.distributed.pool import RankPools
+    from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome
 
 __all__ = ["PendingRank", "rank_pools"]
 
@@ -100,7 +100,7 @@ def rank_pools(config: pytest.Config) -> RankPools:
     """This session's warm rank pools, made on first use and closed with the session."""
     pools = config.stash.get(_POOLS, None)
     if pools is None:
-        from pytest_cuda.rank_pool import RankPools
+        from pytest_cuda.distributed.pool import RankPools
 
         pools = config.stash[_POOLS] = RankPools()
         config.add_cleanup(pools.close)
@@ -108,8 +108,8 @@ def rank_pools(config: pytest.Config) -> RankPools:
 
 
 def _run(item: pytest.Function, spec: DistributedSpec) -> None:
-    from pytest_cuda.distributed import verdict
-    from pytest_cuda.rank_launch import RankJob, run_ranks, startup_limit
+    from pytest_cuda.distributed.launch import RankJob, run_ranks, startup_limit
+    from pytest_cuda.distributed.ranks import verdict
 
     devices: tuple[int, ...] = ()
     if spec.uses_cuda:
@@ -189,7 +189,7 @@ def _rank_leak_settings(item: pytest.Item) -> tuple[int, str, bool] | None:
     checker planned it at setup), else ``None``."""
     if item.config.pluginmanager.get_plugin(CHECKER_NAME) is None:
         return None  # no checker registered: leak_checker is not even imported
-    from pytest_cuda.leak_checker import checked_for_leaks
+    from pytest_cuda.leaks.checker import checked_for_leaks
 
     settings = checked_for_leaks(item)
     if settings is None:

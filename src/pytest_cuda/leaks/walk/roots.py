@@ -1,7 +1,7 @@
 """What the holder walk takes for a root, and for a test's own object.
 
 A module's global, a class attribute, a ``functools.lru_cache``, a closure cell, a
-pytest fixture's value end a path of :mod:`pytest_cuda.leak_holders`; a library's
+pytest fixture's value end a path of :mod:`pytest_cuda.leaks.walk.holders`; a library's
 (an installed package's, by :class:`gpumagic.stacks.FrameFilter`'s one rule) is kept by
 design. A path that ends at an object no Python object refers to starts where C++
 holds it (:func:`held_from_outside`): the hooks of an autograd node, a custom autograd

@@ -1,8 +1,8 @@
 """Start the ranks of a ``cuda_distributed`` test, watch them, stop them, read them back.
 
-Each rank is an interpreter (:mod:`pytest_cuda.rank_main`) in a session of its own,
+Each rank is an interpreter (:mod:`pytest_cuda.distributed.rank_main`) in a session of its own,
 with its output in files of the job's folder: fresh for one test (:func:`run_ranks`,
-``isolate=True``), or warm ones that a :class:`~pytest_cuda.rank_pool.RankPool` keeps
+``isolate=True``), or warm ones that a :class:`~pytest_cuda.distributed.pool.RankPool` keeps
 (:func:`watch_job` serves both). The pytest process hosts the rendezvous store. A rank
 that fails gives the others a short grace to finish (a collective whose peer died may
 never return); a test that outlives its timeout has every rank still running dump its
@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from gpumagic import cuda
-from pytest_cuda.distributed import FAILURE_GRACE_S, RankOutcome
-from pytest_cuda.rank_main import (
+from pytest_cuda.distributed.rank_main import (
     JOB_FILE,
     body_path,
     err_path,
@@ -36,11 +35,12 @@ from pytest_cuda.rank_main import (
     stack_path,
     started_path,
 )
+from pytest_cuda.distributed.ranks import FAILURE_GRACE_S, RankOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_cuda.distributed import DistributedSpec
+    from pytest_cuda.distributed.ranks import DistributedSpec
 
 __all__ = [
     "GOOD_ENDS",
@@ -159,14 +159,14 @@ def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcom
 def start_rank(
     args: list[str], out: IO[bytes], err: IO[bytes], cwd: Path, *, stdin: bool
 ) -> subprocess.Popen[bytes]:
-    """A rank process, ``python -m pytest_cuda.rank_main ARGS``, in a session of its own;
-    ``stdin``: a pipe for its jobs (a warm rank), else none."""
+    """A rank process, ``python -m pytest_cuda.distributed.rank_main ARGS``, in a session
+    of its own; ``stdin``: a pipe for its jobs (a warm rank), else none."""
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest_cuda.rank_main", *args],
+        [sys.executable, "-m", "pytest_cuda.distributed.rank_main", *args],
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=out,
         stderr=err,

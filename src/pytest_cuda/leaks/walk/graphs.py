@@ -6,7 +6,7 @@ graph accumulates (``….next_functions[0][0] (AccumulateGrad).variable``: the l
 its own until it is read, and no Python container holds it: only the graph's C++ nodes
 do. It is found from the tensor that owns the graph (a non-leaf tensor, its ``grad_fn``),
 by reading the ``_saved_*`` attributes and ``variable`` of every node of the graph, and
-named from where the owner is held (:func:`pytest_cuda.leak_holders.find_leak_holders`
+named from where the owner is held (:func:`pytest_cuda.leaks.walk.holders.find_leak_holders`
 walks up from the owner). Pure Python over objects it is given: which tensors own graphs
 comes from the seam (:func:`gpumagic.cuda.graph_owners`).
 """

@@ -1,6 +1,6 @@
 """The sync plugin's per-test hooks, imported only when they have work.
 
-:mod:`pytest_cuda.sync_plugin` is imported on every pytest run; it imports this module
+:mod:`pytest_cuda.sync.plugin` is imported on every pytest run; it imports this module
 (and with it the seam and the cure's modules) only when a sync mode is asked for, when
 the checks after each test phase start (a CUDA library is imported, or an option of
 the plugin is given), or on an xdist controller.
@@ -26,22 +26,22 @@ from gpumagic import cuda
 from gpumagic.cuda_errors import CudaErrorInfo, classify
 from gpumagic.stacks import FrameFilter
 from pytest_cuda.child import ChildRun, Workdirs, child_argv_for, child_env, write_nodeids
-from pytest_cuda.continuation import Continuation, SkipRemaining, report_from_data
 from pytest_cuda.markers import check_no_arguments
-from pytest_cuda.poison import Culprit, Surfaced
-from pytest_cuda.poison_report import (
+from pytest_cuda.repro import (
+    FailureSite,
+    describe_sync_op,
+    failure_site,
+    repro_command,
+)
+from pytest_cuda.sync.continuation import Continuation, SkipRemaining, report_from_data
+from pytest_cuda.sync.poison import Culprit, Surfaced
+from pytest_cuda.sync.poison_report import (
     LAUNCH_BLOCKING,
     SUMMARY_NAME,
     WORKER_EXIT_STATUS,
     Action,
     PoisonSummary,
     note,
-)
-from pytest_cuda.repro import (
-    FailureSite,
-    describe_sync_op,
-    failure_site,
-    repro_command,
 )
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def _is_interrupt(error: BaseException) -> bool:
 class PhaseChecks:
     """After each test phase that ran with a CUDA context: is the context still usable?
 
-    Registered by :meth:`pytest_cuda.sync_plugin.PoisonGuard.start_checking`, which
+    Registered by :meth:`pytest_cuda.sync.plugin.PoisonGuard.start_checking`, which
     passes what these hooks use: ``check`` (the guard's health check, one device
     synchronize that returns at once where torch has not initialised CUDA), the
     ``--cuda-on-poison`` ``action`` and ``--cuda-rerun-blocking``.

@@ -1,7 +1,7 @@
 """What a leak check leaves on a test's teardown report, typed.
 
-The checker (:mod:`pytest_cuda.leak_checker`) writes a :class:`LeakReport` and the
-test's peaks onto the report; the glue (:mod:`pytest_cuda.leak_plugin`) reads them for
+The checker (:mod:`pytest_cuda.leaks.checker`) writes a :class:`LeakReport` and the
+test's peaks onto the report; the glue (:mod:`pytest_cuda.leaks.plugin`) reads them for
 the outcome and the terminal summary. Reports cross from xdist workers to the
 controller as plain data, so the report attribute holds :meth:`LeakReport.to_dict`.
 A leaf module: both sides import it, never each other for it.

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from gpumagic import cuda
 from gpumagic.stacks import StackGroup, short_path
 from gpumagic.units import format_bytes, parse_size
-from pytest_cuda.leak_holders import LIBRARY
-from pytest_cuda.leak_stacks import StackRecording, attribute
+from pytest_cuda.leaks.stacks import StackRecording, attribute
+from pytest_cuda.leaks.walk.holders import LIBRARY
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from pytest_cuda.leak_holders import LeakHolderScan
+    from pytest_cuda.leaks.walk.holders import LeakHolderScan
 
 __all__ = [
     "FULL_COLLECTION",
