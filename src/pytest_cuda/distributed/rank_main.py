@@ -34,11 +34,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType, TracebackType
 
+    from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
     from pytest_cuda.leaks.engine import NoCudaLeak
 
 __all__ = [
-    "JOB_FILE",
     "body_path",
     "err_path",
     "main",
@@ -47,8 +47,6 @@ __all__ = [
     "stack_path",
     "started_path",
 ]
-
-JOB_FILE = "job.pickle"
 
 
 def result_path(folder: Path, rank: int) -> Path:
@@ -134,17 +132,17 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
         faulthandler.register(signal.SIGUSR1, file=process.stack_file, all_threads=True)
     if old is not None:
         old.close()
-    job: dict[str, Any] = pickle.loads((folder / JOB_FILE).read_bytes())
-    sys.path[:] = job["sys_path"]
-    if job.get("cwd"):
-        os.chdir(job["cwd"])
+    from pytest_cuda.distributed.job import read_job
+
+    job_run = read_job(folder)
+    sys.path[:] = job_run.sys_path
+    if job_run.cwd:
+        os.chdir(job_run.cwd)
+    world_size = str(job_run.job.spec.world_size)
     os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(job["world_size"]),
-        LOCAL_WORLD_SIZE=str(job["world_size"]),
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=world_size
     )
-    result = _Rank(job, process, folder).run()
+    result = _Rank(job_run, process, folder).run()
     if idle is not None:  # the job's output complete before its result
         _redirect(out_path(idle, rank), err_path(idle, rank))
     _write(result_path(folder, rank), result)
@@ -155,8 +153,9 @@ class _Rank:
     """One rank's run of one test: set up, the test body, the health check, finishing
     together with the other ranks, what it left behind, then the leak check."""
 
-    def __init__(self, job: dict[str, Any], process: _Process, folder: Path) -> None:
-        self.job = job
+    def __init__(self, job_run: JobRun, process: _Process, folder: Path) -> None:
+        self.job_run = job_run
+        self.job = job_run.job
         self.process = process
         self.rank = process.rank
         self.folder = folder
@@ -175,7 +174,7 @@ class _Rank:
             with contextlib.suppress(Exception):  # the failure is what gets reported
                 from gpumagic import cuda
 
-                cuda.mark_rank_done(self.rank, self.job["job"])  # none need wait for it
+                cuda.mark_rank_done(self.rank, self.job_run.job_id)  # none need wait for it
             if result["state"] in ("skipped", "xfailed"):
                 result["leftovers"] = self._leftovers(groups=True)
         return self._stamped(result)
@@ -205,22 +204,22 @@ class _Rank:
         a new one (the old one destroyed first)."""
         from gpumagic import cuda
 
-        job, process = self.job, self.process
-        cuda.connect_store(job["port"], job["world_size"], job["startup"])
-        if process.generation == job["group"]:
+        job_run, spec, process = self.job_run, self.job.spec, self.process
+        cuda.connect_store(job_run.port, spec.world_size, job_run.startup)
+        if process.generation == job_run.generation:
             return process.group
         if process.generation is not None:
             process.generation = process.group = None
             cuda.leave_group()
         process.group = cuda.join_group(
-            job["backend"],
+            spec.backend,
             self.rank,
-            job["world_size"],
+            spec.world_size,
             device=device,
-            prefix=f"pytest_cuda/group{job['group']}/",
-            group_timeout_s=job["group_timeout"],
+            prefix=f"pytest_cuda/group{job_run.generation}/",
+            group_timeout_s=job_run.group_timeout,
         )
-        process.generation = job["group"]
+        process.generation = job_run.generation
         return process.group
 
     def _body(self) -> dict[str, Any]:
@@ -228,23 +227,23 @@ class _Rank:
         from pytest_cuda.distributed.ranks import RankInfo
 
         job, rank = self.job, self.rank
-        _import_test_module(job["module"], job["module_file"])
-        function, kwargs = pickle.loads(job["call"])
-        devices: list[int] = job["devices"]
-        device = cuda.rank_device(devices[rank] if devices else None)
+        _import_test_module(job.module, job.module_file)
+        function, kwargs = pickle.loads(job.call)
+        device = cuda.rank_device(job.devices[rank] if job.devices else None)
         group = self._join(device)
         self.joined = True
-        if job["wants_rank"]:
-            kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
-        if job["warm"]:
+        if job.wants_rank:
+            spec = job.spec
+            kwargs["cuda_rank"] = RankInfo(rank, spec.world_size, device, spec.backend, group)
+        if self.job_run.warm:
             from pytest_cuda.distributed.leftovers import capture
 
             self.before = capture()
-        if job["leak"] is not None:
+        if job.leak is not None:
             from pytest_cuda.leaks.engine import NoCudaLeak
 
-            tolerance, mode, trace = job["leak"]
-            subject = f"{job['name']} on rank {rank}"
+            tolerance, mode, trace = job.leak
+            subject = f"{job.name} on rank {rank}"
             self.leak_check = NoCudaLeak(tolerance, mode, trace, subject=subject)
             self.leak_check.__enter__()
         started_path(self.folder, rank).touch()
@@ -281,12 +280,12 @@ class _Rank:
         before the leak check's baseline."""
         from gpumagic import cuda
 
-        job = self.job
-        cuda.mark_rank_done(self.rank, job["job"])
+        job_run, spec = self.job_run, self.job.spec
+        cuda.mark_rank_done(self.rank, job_run.job_id)
         # Longer than the launcher waits: a rank never leaves before the others finish.
-        cuda.wait_for_ranks(job["world_size"], job["job"], job["timeout"] + job["startup"])
+        cuda.wait_for_ranks(spec.world_size, job_run.job_id, spec.timeout + job_run.startup)
         # A test's own group goes with it: groups it kept are no leftover then.
-        leaving = job["fresh_group"] or not job["warm"]
+        leaving = spec.fresh_group or not job_run.warm
         left = self._leftovers(groups=not leaving)
         if leaving:
             self.process.generation = self.process.group = None
@@ -323,7 +322,7 @@ def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]
     }
 
 
-def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
+def _failure(exc: BaseException, job: RankJob) -> dict[str, Any]:
     """How an exception ended the rank: pytest's outcomes keep their meaning."""
     # By class, not name: pytest's outcome classes say they are in ``builtins``.
     import pytest
@@ -339,9 +338,9 @@ def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
         return {"state": "failed", "message": first, "traceback": details}
     from pytest_cuda.repro import failure_site
 
-    shown = _from_test(exc.__traceback__, job["module_file"]) or exc.__traceback__
+    shown = _from_test(exc.__traceback__, job.module_file) or exc.__traceback__
     text = "".join(traceback.format_exception(type(exc), exc, shown))
-    site = failure_site(exc.__traceback__, in_file=Path(job["module_file"]), relative_to=Path.cwd())
+    site = failure_site(exc.__traceback__, in_file=Path(job.module_file), relative_to=Path.cwd())
     where = f"{site.path}:{site.lineno}" if site is not None else ""
     headline = message.strip().splitlines()[0] if message.strip() else ""
     if not isinstance(exc, pytest.fail.Exception):
