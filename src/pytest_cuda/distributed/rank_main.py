@@ -146,12 +146,19 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
     if idle is not None:  # the job's output complete before its result
         _redirect(out_path(idle, rank), err_path(idle, rank))
     _write(result_path(folder, rank), result)
+    return _may_go_on(result)
+
+
+def _may_go_on(result: dict[str, Any]) -> bool:
+    """Whether a rank may run another test after this result: it ended well and left
+    nothing behind."""
     return result["state"] in ("passed", "skipped", "xfailed") and not result.get("leftovers")
 
 
 class _Rank:
     """One rank's run of one test: set up, the test body, the health check, finishing
-    together with the other ranks, what it left behind, then the leak check."""
+    together with the other ranks, what it left behind, the leak check, then (a warm
+    rank) the memory it cached given back."""
 
     def __init__(self, job_run: JobRun, process: _Process, folder: Path) -> None:
         self.job_run = job_run
@@ -177,7 +184,29 @@ class _Rank:
                 cuda.mark_rank_done(self.rank, self.job_run.job_id)  # none need wait for it
             if result["state"] in ("skipped", "xfailed"):
                 result["leftovers"] = self._leftovers(groups=True)
+        if self.job_run.warm and _may_go_on(result):
+            result = self._give_memory_back(result)
         return self._stamped(result)
+
+    def _give_memory_back(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Return the blocks torch's allocator cached in this warm rank to the driver,
+        before the result says the test ended: the next test, an ordinary one in the
+        pytest process included, finds what this test freed free again, whatever the
+        order (a warm rank outlives its test; a fresh one's memory goes with its
+        process). After the leak check, which reads the allocator, and the leftovers."""
+        from gpumagic import cuda
+
+        try:
+            cuda.release_cached_blocks(self.job.devices[self.rank : self.rank + 1])
+        except Exception as exc:
+            return {
+                "state": "failed",
+                "message": "giving the CUDA memory this rank cached back to the driver "
+                f"failed: {type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(),
+                "at": time.monotonic(),
+            }
+        return result
 
     def _stamped(self, result: dict[str, Any]) -> dict[str, Any]:
         result["seconds"] = time.monotonic() - self.start
