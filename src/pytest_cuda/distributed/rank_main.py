@@ -1,16 +1,16 @@
 """One rank of ``cuda_distributed`` tests: ``python -m pytest_cuda.distributed.rank_main JOB RANK``
 for one test, or ``python -m pytest_cuda.distributed.rank_main --serve POOL RANK`` for a warm rank.
 
-Started by :mod:`pytest_cuda.distributed.launch`, with the pytest process's ``sys.path``. For
-each test it imports the test's module once (with pytest's assertion rewriting, so a
-failed ``assert`` explains itself as it does in pytest), joins the process group (a
-warm rank keeps it from test to test), calls the test function with the fixture values
-the pytest process sent and its own ``cuda_rank``, and writes how it ended to
-``rank<N>.json`` in the job's folder (:mod:`pytest_cuda.distributed.job`). A warm rank
-gives the CUDA memory its test freed back to the driver before it writes the result,
-reads the next job's folder from its stdin, and ends at end of file. ``SIGUSR1`` makes
-it write every thread's Python stack to ``rank<N>.stack`` (the launcher's way to show
-where a hanging rank waits).
+Started by :mod:`pytest_cuda.distributed.launch`, with the pytest process's
+``sys.path``. For each test it reads its job (:mod:`pytest_cuda.distributed.job`),
+imports the test's module once (with pytest's assertion rewriting, so a failed
+``assert`` explains itself as it does in pytest), joins the process group (a warm rank
+keeps it from test to test), calls the test function with the fixture values the pytest
+process sent and its own ``cuda_rank``, and writes how it ended to ``rank<N>.json`` in
+the job's folder. A warm rank gives the CUDA memory its test freed back to the driver
+before it writes the result, reads the next job's folder from its stdin, and ends at end
+of file. ``SIGUSR1`` makes it write every thread's Python stack to ``rank<N>.stack``
+(the launcher's way to show where a hanging rank waits).
 """
 
 from __future__ import annotations
