@@ -397,8 +397,8 @@ import torch
 
 from gpumagic import cuda
 
-# Before any rank starts (this module is imported again in each rank: read there, these
-# lines are not used). NVML's free memory, every process's use counted.
+# NVML's free memory (every process's use counted), read when pytest imports this module,
+# before any rank starts (each rank imports it again, and does not use its reading).
 FREE_BEFORE = [cuda.nvml_memory_info(device).free for device in cuda.devices()[:2]]
 #: What the warm ranks' CUDA contexts, NCCL's buffers and this process's context may hold
 #: after the first test: far less than the memory it freed.
@@ -407,7 +407,7 @@ CONTEXTS = 4 << 30
 
 @pytest.mark.cuda_distributed(world_size=2, timeout=120)
 def test_1_fills_and_frees_the_gpu(cuda_rank):
-    free, total = torch.cuda.mem_get_info(cuda_rank.device)
+    free, _ = torch.cuda.mem_get_info(cuda_rank.device)
     block = torch.empty(int(free * 0.85), dtype=torch.uint8, device=cuda_rank.device)
     block.fill_(1)
     del block
