@@ -41,6 +41,7 @@ from pytest_cuda.leaks.plugin import CHECKER_NAME
 if TYPE_CHECKING:
     from pytest_cuda.distributed.pool import RankPools
     from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome
+    from pytest_cuda.leaks.engine import Mode
 
 __all__ = ["PendingRank", "rank_pools"]
 
@@ -108,7 +109,8 @@ def rank_pools(config: pytest.Config) -> RankPools:
 
 
 def _run(item: pytest.Function, spec: DistributedSpec) -> None:
-    from pytest_cuda.distributed.launch import RankJob, run_ranks, startup_limit
+    from pytest_cuda.distributed.job import RankJob
+    from pytest_cuda.distributed.launch import run_ranks, startup_limit
     from pytest_cuda.distributed.ranks import verdict
 
     devices: tuple[int, ...] = ()
@@ -184,7 +186,7 @@ def _pickled_call(item: pytest.Function) -> bytes:
     return pickle.dumps((item.obj, kwargs))
 
 
-def _rank_leak_settings(item: pytest.Item) -> tuple[int, str, bool] | None:
+def _rank_leak_settings(item: pytest.Item) -> tuple[int, Mode, bool] | None:
     """``(tolerance, mode, trace)`` when the leak check applies to this test (as the
     checker planned it at setup), else ``None``."""
     if item.config.pluginmanager.get_plugin(CHECKER_NAME) is None:
