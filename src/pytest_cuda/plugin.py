@@ -19,7 +19,6 @@ Public API for the other pytest_cuda modules:
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import pytest
@@ -29,7 +28,14 @@ from pytest_cuda.distributed import plugin as distributed_plugin
 from pytest_cuda.distributed.ranks import MARKER as DISTRIBUTED
 from pytest_cuda.distributed.ranks import RANK_DEVICES
 from pytest_cuda.leaks import plugin as leak_plugin
-from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
+from pytest_cuda.options import (
+    DISTRIBUTED_MODE,
+    LEAK_MODE,
+    MARKER_LINES,
+    SYNC_MODE,
+    add_options,
+)
+from pytest_cuda.settings import settings_of
 from pytest_cuda.sync import plugin as sync_plugin
 
 if TYPE_CHECKING:
@@ -55,9 +61,9 @@ __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices
 #: no:cuda`` turns them all off, and ``-p no:pytest_cuda.sync_plugin`` turns one off
 #: (the names the modules had before they moved into their folders).
 MODE_PLUGINS: dict[str, ModuleType] = {
-    "pytest_cuda.leak_plugin": leak_plugin,
-    "pytest_cuda.sync_plugin": sync_plugin,
-    "pytest_cuda.distributed_plugin": distributed_plugin,
+    LEAK_MODE: leak_plugin,
+    SYNC_MODE: sync_plugin,
+    DISTRIBUTED_MODE: distributed_plugin,
 }
 
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
@@ -124,39 +130,16 @@ def pytest_addoption(parser: Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
-    _refuse_switched_off_modes(config)
+    settings = settings_of(config)  # built and checked now, if no mode has yet
     if _asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
         _run_devices(config)
-    if config.getoption("cuda_require"):
+    if settings.require:
         # A GPU job whose runner lost its GPU fails at once, whatever its tests are.
         run = _run_devices(config)
         if not run.devices:
             why = _unavailable(run.status) if not run.status.available else "no device selected"
             raise pytest.UsageError(f"--cuda-require: no usable CUDA device here: {why}")
-
-
-#: The options each mode plugin serves (declared by :mod:`pytest_cuda.options` for all).
-_MODE_OPTIONS = {
-    "pytest_cuda.leak_plugin": (
-        ("cuda_leak_check", "--cuda-leak-check"),
-        ("cuda_leak_trace", "--cuda-leak-trace"),
-        ("cuda_leak_report", "--cuda-leak-report"),
-        ("cuda_memory_report", "--cuda-memory-report"),
-    ),
-}
-
-
-def _refuse_switched_off_modes(config: pytest.Config) -> None:
-    """An option whose mode ``-p no:`` switched off would do nothing: say so instead."""
-    for module, options in _MODE_OPTIONS.items():
-        if not config.pluginmanager.is_blocked(module):
-            continue
-        for dest, flag in options:
-            if config.getoption(dest):
-                raise pytest.UsageError(
-                    f"{flag} needs {module}, which -p no:{module} switched off: drop one of the two"
-                )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -276,9 +259,7 @@ def _check_before(item: pytest.Item) -> None:
         and item.get_closest_marker(DISTRIBUTED) is not None
     ):
         pytest.fail(_per_worker_usage(requirement.min_devices, run.pin, reason), pytrace=False)
-    if item.config.getoption("cuda_require") or not item.config.pluginmanager.has_plugin(
-        "skipping"
-    ):
+    if settings_of(item.config).require or not item.config.pluginmanager.has_plugin("skipping"):
         _skip_or_fail(item.config, reason)
     # Skipped by a mark, the skip is reported at the test's own line (as skipif is),
     # not at this hook's; pytest's skipping hook runs after this tryfirst one.
@@ -408,10 +389,8 @@ def _per_worker_usage(world_size: int, pin: WorkerPin, reason: str) -> str:
 
 
 def _asked_for_devices(config: pytest.Config) -> bool:
-    return (
-        _device_request(config) is not None
-        or config.getoption("cuda_devices_per_worker") is not None
-    )
+    settings = settings_of(config)
+    return settings.device_request is not None or settings.devices_per_worker is not None
 
 
 def _uses_cuda(item: pytest.Item, marked: bool = True) -> bool:
@@ -449,27 +428,6 @@ def _ours(definitions: Mapping[str, Sequence[Any]], names: Iterable[str]) -> fro
     return frozenset(found)
 
 
-def _device_request(config: pytest.Config) -> DeviceRequest | None:
-    """``--cuda-devices``, else ``$PYTEST_CUDA_DEVICES``, else ini ``cuda_devices``."""
-    option: str | None = config.getoption("cuda_devices")
-    env = os.environ.get(ENV_DEVICES, "")
-    ini = str(config.getini("cuda_devices"))
-    if option is not None:
-        text, source = option, f"--cuda-devices={option}"
-    elif env.strip():
-        text, source = env, f"{ENV_DEVICES}={env}"
-    elif ini.strip():
-        text, source = ini, f"cuda_devices = {ini} (ini)"
-    else:
-        return None
-    from pytest_cuda.selection import SelectionError, parse_device_request
-
-    try:
-        return parse_device_request(text, source)
-    except SelectionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
 def _run_devices(config: pytest.Config) -> _RunDevices:
     run = config.stash.get(_RUN_DEVICES, None)
     if run is None:
@@ -484,7 +442,7 @@ def _discover(config: pytest.Config) -> _RunDevices:
     from pytest_cuda.xdist_pinning import worker_pin
 
     status = cuda.status()
-    request = _device_request(config)
+    request = settings_of(config).device_request
     pin = worker_pin(config)
     if pin is not None:
         scope = f"owned by xdist worker {pin.worker} (--cuda-devices-per-worker={pin.per_worker})"
@@ -504,7 +462,7 @@ def _plan(
     devices: tuple[DeviceInfo, ...],
     status: CudaStatus,
 ) -> WorkerPlan | None:
-    per_worker: int | None = config.getoption("cuda_devices_per_worker")
+    per_worker = settings_of(config).devices_per_worker
     if (request is None and per_worker is None) or not devices or not _distributing(config):
         return None
     source = request.source if request else f"--cuda-devices-per-worker={per_worker}"
@@ -567,6 +525,6 @@ def _free_memory(device: DeviceInfo) -> int | None:
 
 
 def _skip_or_fail(config: pytest.Config, reason: str) -> NoReturn:
-    if config.getoption("cuda_require"):
+    if settings_of(config).require:
         pytest.fail(f"{reason} (--cuda-require turns this skip into an error)", pytrace=False)
     pytest.skip(reason)

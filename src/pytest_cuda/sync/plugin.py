@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import pytest
 
 from pytest_cuda.collection import marker_names
+from pytest_cuda.settings import early_sync_mode, settings_of
 from pytest_cuda.sync.poison_report import (
     LAUNCH_BLOCKING,
     NOTES,
@@ -89,8 +90,7 @@ CHECKS_NAME = "cuda.poison-checks"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    namespace = early_config.known_args_namespace
-    if getattr(namespace, "cuda_sync", None) != "launch-blocking":
+    if early_sync_mode(early_config) != "launch-blocking":
         return
     from gpumagic import cuda
 
@@ -147,11 +147,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _options(config: pytest.Config) -> DebugOptions:
-    sync: str | None = config.getoption("cuda_sync")
-    given: str | None = config.getoption("cuda_on_poison")
-    rerun_blocking: bool = config.getoption("cuda_rerun_blocking")
-    resume_dir: str | None = config.getoption("cuda_internal_resume")
-    rerun: bool = config.getoption("cuda_internal_rerun")
+    settings = settings_of(config)
+    sync, given, rerun_blocking = settings.sync, settings.on_poison, settings.rerun_blocking
+    resume_dir, rerun = settings.resume_dir, settings.rerun
     resume = Path(resume_dir) if resume_dir else None
     if resume is not None and not (resume / "nodeids.json").is_file():
         raise pytest.UsageError(f"--cuda-internal-resume={resume_dir}: no nodeids.json there")
@@ -162,7 +160,7 @@ def _options(config: pytest.Config) -> DebugOptions:
             "--cuda-rerun-blocking re-runs CUDA failures with CUDA_LAUNCH_BLOCKING=1, which "
             "--cuda-sync=launch-blocking already sets for the whole run: use one of them."
         )
-    debugging = bool(config.getoption("usepdb", False) or config.getoption("trace", False))
+    debugging = settings.debugging
     on_poison = given or "continue"
     downgraded = None
     if debugging and on_poison == "continue" and resume is None:
@@ -203,16 +201,13 @@ def _asked_for_checks(config: pytest.Config, options: DebugOptions) -> bool:
         options.sync
         or options.rerun_blocking
         or options.resume is not None
-        or config.getoption("cuda_on_poison")
+        or settings_of(config).on_poison
     )
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
-    return (
-        not hasattr(config, "workerinput")
-        and getattr(config.option, "dist", "no") != "no"
-        and not config.getoption("collectonly")
-    )
+    settings = settings_of(config)
+    return settings.xdist_controller and not settings.collect_only
 
 
 def _register_sync_modes(config: pytest.Config) -> None:
@@ -232,7 +227,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         parts.append("--cuda-sync=per-op (synchronize after every torch op)")
     if options.downgraded:
         parts.append(f"--cuda-on-poison={options.downgraded}")
-    elif config.getoption("cuda_on_poison"):
+    elif settings_of(config).on_poison:
         parts.append(f"--cuda-on-poison={options.on_poison}")
     if options.rerun_blocking:
         parts.append("--cuda-rerun-blocking")
