@@ -202,7 +202,14 @@ def add_options(parser: Parser) -> None:
         "cuBLAS and cuFFT keep by design and re-create on demand). A leak's report names "
         "the line that allocated it and who holds it (the Python stack of each live "
         "block is recorded while checks run). Tests that never use CUDA cost a few "
-        "microseconds.",
+        "microseconds. Also ini cuda_leak_check.",
+    )
+    parser.addini(
+        "cuda_leak_check",
+        type="bool",
+        default=False,
+        help="default for --cuda-leak-check (true or false; -o cuda_leak_check=false "
+        "overrides it for one run).",
     )
     group.addoption(
         "--cuda-leak-trace",

@@ -112,7 +112,7 @@ def _build(config: pytest.Config) -> Settings:
         device_request=_device_request(config),
         devices_per_worker=option.cuda_devices_per_worker,
         require=bool(option.cuda_require),
-        leak_check=bool(option.cuda_leak_check),
+        leak_check=bool(option.cuda_leak_check) or _ini_bool(config, "cuda_leak_check"),
         leak_trace=trace,
         leak_report=option.cuda_leak_report,
         leak_tolerance=_ini_tolerance(config, "cuda_leak_tolerance"),
@@ -171,6 +171,13 @@ def _device_request(config: pytest.Config) -> DeviceRequest | None:
         return parse_device_request(text, source)
     except SelectionError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _ini_bool(config: pytest.Config, name: str) -> bool:
+    try:
+        return bool(config.getini(name))
+    except (ValueError, pytest.UsageError) as exc:  # pytest 9 raises the second
+        raise pytest.UsageError(f"{name} (ini) takes true or false: {exc}") from None
 
 
 def _ini_tolerance(config: pytest.Config, name: str) -> int:

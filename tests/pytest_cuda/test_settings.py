@@ -322,3 +322,77 @@ def test_under_xdist_only_the_controller_checks_and_writes(
         ["cuda leak check: 2 tests checked, *; report written to leaks.json"]
     )
     assert result.stdout.str().count("report written") == 1
+
+
+# ---------------------------------------------------------------------------
+# The ini value cuda_leak_check: a default for --cuda-leak-check.
+
+LEAKING = """
+KEEP = []
+
+def test_leaks(fake_cuda):
+    KEEP.append(fake_cuda.tensor(4096))
+"""
+
+
+@pytest.mark.parametrize(
+    ("ini", "args", "checked"),
+    [
+        ("true", [], True),
+        ("false", ["--cuda-leak-check"], True),  # the command line wins
+        ("true", ["-o", "cuda_leak_check=false"], False),  # pytest's own override
+        ("false", [], False),
+    ],
+)
+def test_the_ini_value_switches_the_leak_check_on(
+    pytester: pytest.Pytester,
+    planted: Callable[[str], None],
+    ini: str,
+    args: list[str],
+    checked: bool,
+) -> None:
+    planted(LEAKING)
+    pytester.makeini(f"[pytest]\ncuda_leak_check = {ini}\ncuda_leak_holder_search = none\n")
+    result = pytester.runpytest(*args)
+    if checked:
+        assert result.parseoutcomes() == {"passed": 1, "leaked": 1}
+        result.stdout.fnmatch_lines(["LEAKED test_planted.py::test_leaks - 4.0 KiB on cuda:0, *"])
+    else:
+        assert result.parseoutcomes() == {"passed": 1}
+        result.stdout.no_fnmatch_line("*cuda leak check*")
+
+
+def test_the_ini_value_reaches_the_xdist_workers(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    pytest.importorskip("xdist")
+    planted(LEAKING)
+    pytester.makeini("[pytest]\ncuda_leak_check = true\ncuda_leak_holder_search = none\n")
+    result = pytester.runpytest_subprocess("-n", "2")
+    assert result.parseoutcomes() == {"passed": 1, "leaked": 1}
+    result.stdout.fnmatch_lines(["cuda leak check: 1 test checked, 1 leaked *"])
+
+
+def test_the_ini_value_is_switched_off_with_its_mode(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    # A project's ini value is no contradiction of this run's -p no: (a command-line
+    # --cuda-leak-check would be).
+    planted(LEAKING)
+    pytester.makeini("[pytest]\ncuda_leak_check = true\n")
+    result = pytester.runpytest("-p", "no:pytest_cuda.leak_plugin")
+    assert result.parseoutcomes() == {"passed": 1}
+
+
+def test_a_bad_ini_leak_check_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ncuda_leak_check = maybe\n")
+    pytester.makepyfile("def test_x(): pass")
+    _refused(
+        pytester.runpytest(),
+        "cuda_leak_check (ini) takes true or false: invalid truth value 'maybe'",
+    )
+
+
+def test_the_ini_value_is_in_help(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["  cuda_leak_check (bool):", "*default for --cuda-leak-check*"])
