@@ -20,8 +20,9 @@ no:pytest_cuda.sync_plugin`` turns it off alone):
 CUDA is touched only through :mod:`gpumagic.cuda`, and only in processes where torch
 has initialised CUDA (or where the user asked for a CUDA check). pytest imports this
 module on every run, so it holds the options, markers, fixture and configuration only:
-the per-test hooks are in :mod:`pytest_cuda.sync.checks`, imported and registered when
-they have work (a sync mode asked for, a CUDA library imported, an option given).
+the per-test hooks are in :mod:`pytest_cuda.sync.modes` and
+:mod:`pytest_cuda.sync.checks`, imported and registered when they have work (a sync
+mode asked for, a CUDA library imported, an option given).
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 def _register_sync_modes(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("cuda.sync-modes"):
-        from pytest_cuda.sync.checks import SyncModes
+        from pytest_cuda.sync.modes import SyncModes
 
         per_op = config.stash[_OPTIONS].sync == "per-op"
         config.pluginmanager.register(SyncModes(config, per_op_all=per_op), "cuda.sync-modes")
@@ -256,7 +257,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 # ---------------------------------------------------------------------------
-# The implicit-sync check for a block (the markers' modes are in sync_checks).
+# The implicit-sync check for a block (the markers' modes are in pytest_cuda.sync.modes).
 
 
 @pytest.fixture
@@ -274,7 +275,7 @@ def cuda_no_sync(
     mode is process-wide while the block runs. Without CUDA the block checks nothing
     and the run ends with a note. ``@pytest.mark.cuda_no_sync`` covers a whole test.
     """
-    from pytest_cuda.sync.checks import no_implicit_sync
+    from pytest_cuda.sync.modes import no_implicit_sync
 
     return functools.partial(no_implicit_sync, request.config)
 
