@@ -3,10 +3,11 @@
 Loaded through the ``pytest11`` entry point as ``cuda`` (``-p no:cuda`` turns it off,
 with the modules in :data:`MODE_PLUGINS`). Free when unused: importing it imports
 neither torch nor NVML, and a run whose tests use no CUDA feature does no discovery at
-all. Discovery (NVML and torch's version file: no torch import, no CUDA context) runs
-when devices are asked for, when xdist workers start, or after collection when some
-test carries the ``cuda`` marker or a device fixture; torch is imported only when a
-test takes a device fixture.
+all. Discovery (:mod:`pytest_cuda.run_devices`: NVML and torch's version file, no
+torch import, no CUDA context) runs when devices are asked for, when xdist workers
+start, or after collection when some test carries the ``cuda`` marker or a device
+fixture; torch is imported only when a test takes a device fixture. Options are read
+through :func:`pytest_cuda.settings.settings_of`.
 
 Public API for the other pytest_cuda modules:
 
@@ -19,7 +20,7 @@ Public API for the other pytest_cuda modules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -35,6 +36,15 @@ from pytest_cuda.options import (
     SYNC_MODE,
     add_options,
 )
+from pytest_cuda.run_devices import (
+    RunDevices,
+    asked_for_devices,
+    distributing,
+    header_lines,
+    run_devices,
+    unavailable,
+    worker_plan,
+)
 from pytest_cuda.settings import settings_of
 from pytest_cuda.sync import plugin as sync_plugin
 
@@ -45,10 +55,9 @@ if TYPE_CHECKING:
     import torch  # noqa: TID251 -- annotations only: the fixtures return torch.device
     from _pytest.config.argparsing import Parser
 
-    from gpumagic.devices import CudaStatus, DeviceInfo
+    from gpumagic.devices import DeviceInfo
     from pytest_cuda.distributed.ranks import DistributedSpec
     from pytest_cuda.markers import CudaRequirement
-    from pytest_cuda.selection import DeviceRequest, WorkerPlan
     from pytest_cuda.xdist_pinning import WorkerPin
 
 # The seam (gpumagic.cuda), the marker and selection logic are imported where they are
@@ -71,18 +80,6 @@ _MARKERS = frozenset({"cuda", DISTRIBUTED})
 _DEVICE_FIXTURE_SET = frozenset(DEVICE_FIXTURES)
 
 
-class _RunDevices(NamedTuple):
-    """What this process found and was asked for; one per config, built on first use."""
-
-    status: CudaStatus
-    devices: tuple[DeviceInfo, ...]
-    scope: str
-    request: DeviceRequest | None
-    plan: WorkerPlan | None
-    pin: WorkerPin | None
-
-
-_RUN_DEVICES = pytest.StashKey[_RunDevices]()
 _HEADER_SHOWN = pytest.StashKey[bool]()
 _USES_CUDA = pytest.StashKey[bool]()
 _ANY_CUDA = pytest.StashKey[bool]()
@@ -120,7 +117,7 @@ def _pin_workers(config: pytest.Config) -> None:
     if manager.has_plugin("xdist") and not manager.has_plugin("cuda.xdist"):
         from pytest_cuda.xdist_pinning import XdistPinning
 
-        manager.register(XdistPinning(_worker_plan), "cuda.xdist")
+        manager.register(XdistPinning(worker_plan), "cuda.xdist")
 
 
 def pytest_addoption(parser: Parser) -> None:
@@ -131,24 +128,24 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
     settings = settings_of(config)  # built and checked now, if no mode has yet
-    if _asked_for_devices(config):
+    if asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
-        _run_devices(config)
+        run_devices(config)
     if settings.require:
         # A GPU job whose runner lost its GPU fails at once, whatever its tests are.
-        run = _run_devices(config)
+        run = run_devices(config)
         if not run.devices:
-            why = _unavailable(run.status) if not run.status.available else "no device selected"
+            why = unavailable(run.status) if not run.status.available else "no device selected"
             raise pytest.UsageError(f"--cuda-require: no usable CUDA device here: {why}")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     # Discovery costs tens of ms (NVML's start-up): paid here only where devices were
     # asked for or workers start; otherwise after collection, if any test uses CUDA.
-    if not (_asked_for_devices(config) or _distributing(config)):
+    if not (asked_for_devices(config) or distributing(config)):
         return []
     config.stash[_HEADER_SHOWN] = True
-    return _header(config)
+    return header_lines(config)
 
 
 @pytest.hookimpl(trylast=True)
@@ -175,27 +172,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     if config.stash.get(_HEADER_SHOWN, False) or not config.stash.get(_ANY_CUDA, False):
         return []
-    return _header(config)
-
-
-def _header(config: pytest.Config) -> list[str]:
-    """Versions and the selected devices (one line without a GPU); no CUDA context."""
-    run = _run_devices(config)
-    status = run.status
-    if not status.available:
-        return [f"cuda: {status.summary()}"]
-    versions = [f"torch {status.torch_version}", f"CUDA {status.cuda_version}"]
-    if status.driver_version:
-        versions.append(f"driver {status.driver_version}")
-    if status.visible_devices_env is not None:
-        versions.append(f"CUDA_VISIBLE_DEVICES={status.visible_devices_env!r}")
-    lines = [f"cuda: {', '.join(versions)}", f"cuda devices ({run.scope}):"]
-    lines += [f"  cuda:{d.describe()}" for d in run.devices]
-    workers = _xdist_workers(config)
-    if run.plan is not None and workers:
-        lines.append(f"cuda xdist workers ({run.plan.per_worker} device(s) each):")
-        lines += [f"  {line}" for line in run.plan.describe(workers)]
-    return lines
+    return header_lines(config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -203,7 +180,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if "cuda_device" not in _ours(metafunc._arg2fixturedefs, ("cuda_device",)):
         return  # the user's own cuda_device fixture: theirs to parametrize
-    run = _run_devices(metafunc.config)
+    run = run_devices(metafunc.config)
     # A pinned xdist worker hands out its own device; every worker must collect the
     # same tests, so none of them parametrizes.
     if run.pin is not None or not run.devices:
@@ -244,7 +221,7 @@ def _check_before(item: pytest.Item) -> None:
         _check_backend(item)
     if requirement is None:
         return
-    run = _run_devices(item.config)
+    run = run_devices(item.config)
     if run.pin is not None and (drift := run.pin.drift()) is not None:
         pytest.fail(drift, pytrace=False)
     reason = _unmet(run, requirement, item)
@@ -277,9 +254,9 @@ def cuda_device(request: pytest.FixtureRequest) -> torch.device:
     """
     device: DeviceInfo | None = getattr(request, "param", None)
     if device is None:
-        run = _run_devices(request.config)
+        run = run_devices(request.config)
         if not run.devices:
-            _skip_or_fail(request.config, _unavailable(run.status))
+            _skip_or_fail(request.config, unavailable(run.status))
         device = run.devices[0]
     from gpumagic import cuda
 
@@ -293,9 +270,9 @@ def cuda_devices(request: pytest.FixtureRequest) -> list[torch.device]:
     Skips (fails under ``--cuda-require``) when there is no usable GPU, or fewer
     devices than the test's ``cuda(min_devices=N)`` marker asks.
     """
-    run = _run_devices(request.config)
+    run = run_devices(request.config)
     if not run.devices:
-        _skip_or_fail(request.config, _unavailable(run.status))
+        _skip_or_fail(request.config, unavailable(run.status))
     from gpumagic import cuda
 
     return [cuda.torch_device(d.index) for d in run.devices]
@@ -313,7 +290,7 @@ def selected_devices(config: pytest.Config) -> tuple[DeviceInfo, ...]:
     worker's own devices. Empty without a usable GPU. Discovery runs once per config
     and creates no CUDA context; a bad selection raises :class:`pytest.UsageError`.
     """
-    return _run_devices(config).devices
+    return run_devices(config).devices
 
 
 def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
@@ -388,11 +365,6 @@ def _per_worker_usage(world_size: int, pin: WorkerPin, reason: str) -> str:
     )
 
 
-def _asked_for_devices(config: pytest.Config) -> bool:
-    settings = settings_of(config)
-    return settings.device_request is not None or settings.devices_per_worker is not None
-
-
 def _uses_cuda(item: pytest.Item, marked: bool = True) -> bool:
     """A ``cuda`` marker or a device fixture (cheap: no marker parsing, no discovery).
 
@@ -428,80 +400,9 @@ def _ours(definitions: Mapping[str, Sequence[Any]], names: Iterable[str]) -> fro
     return frozenset(found)
 
 
-def _run_devices(config: pytest.Config) -> _RunDevices:
-    run = config.stash.get(_RUN_DEVICES, None)
-    if run is None:
-        run = _discover(config)
-        config.stash[_RUN_DEVICES] = run
-    return run
-
-
-def _discover(config: pytest.Config) -> _RunDevices:
-    from gpumagic import cuda
-    from pytest_cuda.selection import SelectionError, select_devices
-    from pytest_cuda.xdist_pinning import worker_pin
-
-    status = cuda.status()
-    request = settings_of(config).device_request
-    pin = worker_pin(config)
-    if pin is not None:
-        scope = f"owned by xdist worker {pin.worker} (--cuda-devices-per-worker={pin.per_worker})"
-        return _RunDevices(status, status.devices, scope, request, None, pin)
-    try:
-        devices = select_devices(request, status) if request else status.devices
-        plan = _plan(config, request, devices, status)
-    except SelectionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    scope = f"selected by {request.source}" if request else "available"
-    return _RunDevices(status, devices, scope, request, plan, None)
-
-
-def _plan(
-    config: pytest.Config,
-    request: DeviceRequest | None,
-    devices: tuple[DeviceInfo, ...],
-    status: CudaStatus,
-) -> WorkerPlan | None:
-    per_worker = settings_of(config).devices_per_worker
-    if (request is None and per_worker is None) or not devices or not _distributing(config):
-        return None
-    source = request.source if request else f"--cuda-devices-per-worker={per_worker}"
-    from pytest_cuda.selection import WorkerPlan, group_devices
-
-    groups = group_devices(devices, per_worker or 1)
-    return WorkerPlan(groups, per_worker or 1, status.visible_devices_env, source)
-
-
-def _worker_plan(config: pytest.Config) -> WorkerPlan | None:
-    return _run_devices(config).plan
-
-
-def _distributing(config: pytest.Config) -> bool:
-    """Whether pytest-xdist starts workers (``-n auto`` is asked before it is resolved)."""
-    if not config.pluginmanager.has_plugin("xdist"):
-        return False
-    numprocesses = getattr(config.option, "numprocesses", None)
-    return numprocesses in ("auto", "logical") or _xdist_workers(config) > 0
-
-
-def _xdist_workers(config: pytest.Config) -> int:
-    """How many xdist workers this run starts (0 when it does not distribute)."""
-    if getattr(config.option, "dist", "no") == "no":
-        return 0
-    count = 0
-    for spec in getattr(config.option, "tx", None) or ():
-        times, star, _ = str(spec).partition("*")
-        count += int(times) if star and times.isdigit() else 1
-    return count
-
-
-def _unavailable(status: CudaStatus) -> str:
-    return f"CUDA unavailable: {status.reason}"
-
-
-def _unmet(run: _RunDevices, requirement: CudaRequirement, item: pytest.Item) -> str | None:
+def _unmet(run: RunDevices, requirement: CudaRequirement, item: pytest.Item) -> str | None:
     if not run.status.available:
-        return _unavailable(run.status)
+        return unavailable(run.status)
     param = _device_param(item)
     checked = (param,) if param is not None else run.devices[: requirement.min_devices]
     from pytest_cuda.markers import unmet_reason
