@@ -398,3 +398,28 @@ def test_a_bad_ini_leak_check_is_a_usage_error(pytester: pytest.Pytester) -> Non
 def test_the_ini_value_is_in_help(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["  cuda_leak_check (bool):", "*default for --cuda-leak-check*"])
+
+
+def test_the_settings_are_built_in_a_pytest_child_from_the_same_sources(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    # A leak's re-run is a pytest child (pytest_cuda.child): the ini file's values reach
+    # it (its report says the ini tolerance), and only this session writes the report.
+    planted(LEAKING)
+    pytester.makeini(
+        "[pytest]\ncuda_leak_check = true\ncuda_leak_tolerance = 1KiB\n"
+        "cuda_leak_holder_search = none\n"
+    )
+    result = pytester.runpytest("--cuda-leak-reruns=1", "--cuda-leak-report=leaks.json")
+    assert result.parseoutcomes() == {"passed": 1, "leaked": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "Re-run alone in a fresh process:",
+            "  test_leaks left 4.0 KiB (4,096 B) allocated on cuda:0; tolerance 1.0 KiB.",
+        ]
+    )
+    assert result.stdout.str().count("report written to leaks.json") == 1
+    rows = json.loads((pytester.path / "leaks.json").read_text())["tests"]
+    assert [(row["nodeid"], row["tolerance"]) for row in rows] == [
+        ("test_planted.py::test_leaks", 1024)
+    ]
