@@ -108,15 +108,20 @@ def _build(config: pytest.Config) -> Settings:
     _refuse_switched_off_modes(config)
     option = config.option
     trace = bool(option.cuda_leak_trace)
+    # ``pytest --help`` configures the plugins too; it shows the help whatever the ini
+    # file and the environment say (a bad value there is named by the next real run).
+    read = not getattr(option, "help", False)
     return Settings(
-        device_request=_device_request(config),
+        device_request=_device_request(config) if read else None,
         devices_per_worker=option.cuda_devices_per_worker,
         require=bool(option.cuda_require),
-        leak_check=bool(option.cuda_leak_check) or _ini_bool(config, "cuda_leak_check"),
+        leak_check=bool(option.cuda_leak_check) or (read and _ini_bool(config, "cuda_leak_check")),
         leak_trace=trace,
         leak_report=option.cuda_leak_report,
-        leak_tolerance=_ini_tolerance(config, "cuda_leak_tolerance"),
-        holder_search_s=None if trace else _ini_seconds(config, "cuda_leak_holder_search"),
+        leak_tolerance=_ini_tolerance(config, "cuda_leak_tolerance") if read else 0,
+        holder_search_s=(
+            None if trace or not read else _ini_seconds(config, "cuda_leak_holder_search")
+        ),
         leak_reset_caches=bool(option.cuda_leak_reset_caches),
         leak_reruns=option.cuda_leak_reruns,
         memory_report=option.cuda_memory_report,

@@ -423,3 +423,14 @@ def test_the_settings_are_built_in_a_pytest_child_from_the_same_sources(
     assert [(row["nodeid"], row["tolerance"]) for row in rows] == [
         ("test_planted.py::test_leaks", 1024)
     ]
+
+
+def test_help_is_shown_whatever_the_ini_file_and_environment_say(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_CUDA_DEVICES", "0,0")
+    pytester.makeini("[pytest]\ncuda_leak_check = maybe\ncuda_leak_tolerance = lots\n")
+    result = pytester.runpytest("--help")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["  cuda_leak_check (bool):"])
+    _refused(pytester.runpytest(), "PYTEST_CUDA_DEVICES=0,0: cuda:0 is listed twice")
