@@ -1,10 +1,14 @@
-"""pytest_cuda's command-line surface: every ``--cuda-*`` option, the ini value and the
-marker lines, declared once for the entry point (:mod:`pytest_cuda.plugin`).
+"""pytest_cuda's command-line surface: every ``--cuda-*`` option, the ini values and the
+marker lines, declared once for the entry point (:mod:`pytest_cuda.plugin`), and the
+options each opt-in mode serves (:data:`MODE_OPTIONS`).
 
 The modes the entry point loads (:mod:`pytest_cuda.leaks.plugin`,
-:mod:`pytest_cuda.sync.plugin`) only read these options. Declaring them here keeps
+:mod:`pytest_cuda.sync.plugin`, :mod:`pytest_cuda.distributed.plugin`) read these
+options through :func:`pytest_cuda.settings.settings_of`. Declaring them here keeps
 ``pytest --help`` and ``--markers`` whole, and the markers known, even where one mode
-is switched off with ``-p no:``. A leaf module: it imports nothing of pytest_cuda.
+is switched off with ``-p no:``. Values are checked as argparse reads them (the
+``type=`` functions below), so a bad one is a usage error before any test runs. Nearly
+a leaf module: it imports :mod:`pytest_cuda.selection` only to check a device list.
 """
 
 from __future__ import annotations
@@ -15,11 +19,48 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from _pytest.config.argparsing import Parser
 
-__all__ = ["ENV_DEVICES", "MARKER_LINES", "POISON_ACTIONS", "SYNC_MODES", "add_options"]
+__all__ = [
+    "DISTRIBUTED_MODE",
+    "ENV_DEVICES",
+    "LEAK_MODE",
+    "MARKER_LINES",
+    "MODE_OPTIONS",
+    "POISON_ACTIONS",
+    "SYNC_MODE",
+    "SYNC_MODES",
+    "add_options",
+]
 
 ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 SYNC_MODES = ("launch-blocking", "per-op")
 POISON_ACTIONS = ("continue", "stop", "skip")
+
+#: The plugin names of the opt-in modes, fixed: ``-p no:<name>`` switches one off
+#: (:data:`pytest_cuda.plugin.MODE_PLUGINS` registers each module under its name).
+LEAK_MODE = "pytest_cuda.leak_plugin"
+SYNC_MODE = "pytest_cuda.sync_plugin"
+DISTRIBUTED_MODE = "pytest_cuda.distributed_plugin"
+
+#: The command-line options each mode serves, as ``(dest, flag)``. One given while its
+#: mode is switched off would do nothing: :mod:`pytest_cuda.settings` refuses it. The
+#: other options (devices, ``--cuda-require``) serve every mode; the multi-rank mode
+#: has none of its own (its marker asks for it).
+MODE_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    LEAK_MODE: (
+        ("cuda_leak_check", "--cuda-leak-check"),
+        ("cuda_leak_trace", "--cuda-leak-trace"),
+        ("cuda_leak_report", "--cuda-leak-report"),
+        ("cuda_leak_reset_caches", "--cuda-leak-reset-caches"),
+        ("cuda_leak_reruns", "--cuda-leak-reruns"),
+        ("cuda_memory_report", "--cuda-memory-report"),
+    ),
+    SYNC_MODE: (
+        ("cuda_sync", "--cuda-sync"),
+        ("cuda_on_poison", "--cuda-on-poison"),
+        ("cuda_rerun_blocking", "--cuda-rerun-blocking"),
+    ),
+    DISTRIBUTED_MODE: (),
+}
 
 CUDA_MARKER_DOC = (
     "cuda(min_devices=1, min_memory=None, min_capability=None): the test needs CUDA: "
@@ -87,6 +128,29 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _test_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"takes a number of tests, 0 or more; got {text!r}")
+    return value
+
+
+def _device_list(text: str) -> str:
+    """``--cuda-devices`` as written, once its grammar is checked (which devices exist
+    is known only after discovery, in ``pytest_configure``)."""
+    from pytest_cuda.selection import SelectionError, parse_device_request
+
+    source = f"--cuda-devices={text}"
+    try:
+        parse_device_request(text, source)
+    except SelectionError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{source}: ")) from None
+    return text
+
+
 def add_options(parser: Parser) -> None:
     """Add every pytest_cuda option to one ``pytest --help`` section."""
     title = f"CUDA (pytest_cuda): devices, leak checks, sync modes; env ${ENV_DEVICES}"
@@ -96,6 +160,7 @@ def add_options(parser: Parser) -> None:
         "--cuda-devices",
         dest="cuda_devices",
         metavar="INDICES",
+        type=_device_list,
         default=None,
         help="the CUDA devices this run may use: indices into the visible devices "
         "(an outer CUDA_VISIBLE_DEVICES is respected), e.g. 0,1, or 'all'. Tests "
@@ -137,7 +202,14 @@ def add_options(parser: Parser) -> None:
         "cuBLAS and cuFFT keep by design and re-create on demand). A leak's report names "
         "the line that allocated it and who holds it (the Python stack of each live "
         "block is recorded while checks run). Tests that never use CUDA cost a few "
-        "microseconds.",
+        "microseconds. Also ini cuda_leak_check.",
+    )
+    parser.addini(
+        "cuda_leak_check",
+        type="bool",
+        default=False,
+        help="default for --cuda-leak-check (true or false; -o cuda_leak_check=false "
+        "overrides it for one run).",
     )
     group.addoption(
         "--cuda-leak-trace",
@@ -187,7 +259,7 @@ def add_options(parser: Parser) -> None:
         "--cuda-leak-reruns",
         dest="cuda_leak_reruns",
         metavar="N",
-        type=int,
+        type=_test_count,
         default=0,
         help="also re-run each of the first N leaking tests alone in a fresh pytest "
         "process, and say whether it leaks there too (a leak that appears only after "
@@ -197,7 +269,7 @@ def add_options(parser: Parser) -> None:
     group.addoption(
         "--cuda-memory-report",
         dest="cuda_memory_report",
-        type=int,
+        type=_test_count,
         default=0,
         metavar="N",
         help="after the run, list the N tests with the largest peak CUDA memory "

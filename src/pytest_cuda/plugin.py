@@ -3,10 +3,11 @@
 Loaded through the ``pytest11`` entry point as ``cuda`` (``-p no:cuda`` turns it off,
 with the modules in :data:`MODE_PLUGINS`). Free when unused: importing it imports
 neither torch nor NVML, and a run whose tests use no CUDA feature does no discovery at
-all. Discovery (NVML and torch's version file: no torch import, no CUDA context) runs
-when devices are asked for, when xdist workers start, or after collection when some
-test carries the ``cuda`` marker or a device fixture; torch is imported only when a
-test takes a device fixture.
+all. Discovery (:mod:`pytest_cuda.run_devices`: NVML and torch's version file, no
+torch import, no CUDA context) runs when devices are asked for, when xdist workers
+start, or after collection when some test carries the ``cuda`` marker or a device
+fixture; torch is imported only when a test takes a device fixture. Options are read
+through :func:`pytest_cuda.settings.settings_of`.
 
 Public API for the other pytest_cuda modules:
 
@@ -19,9 +20,8 @@ Public API for the other pytest_cuda modules:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -30,7 +30,23 @@ from pytest_cuda.distributed import plugin as distributed_plugin
 from pytest_cuda.distributed.ranks import MARKER as DISTRIBUTED
 from pytest_cuda.distributed.ranks import RANK_DEVICES
 from pytest_cuda.leaks import plugin as leak_plugin
-from pytest_cuda.options import ENV_DEVICES, MARKER_LINES, add_options
+from pytest_cuda.options import (
+    DISTRIBUTED_MODE,
+    LEAK_MODE,
+    MARKER_LINES,
+    SYNC_MODE,
+    add_options,
+)
+from pytest_cuda.run_devices import (
+    RunDevices,
+    asked_for_devices,
+    distributing,
+    header_lines,
+    run_devices,
+    unavailable,
+    worker_plan,
+)
+from pytest_cuda.settings import settings_of
 from pytest_cuda.sync import plugin as sync_plugin
 
 if TYPE_CHECKING:
@@ -40,10 +56,9 @@ if TYPE_CHECKING:
     import torch  # noqa: TID251 -- annotations only: the fixtures return torch.device
     from _pytest.config.argparsing import Parser
 
-    from gpumagic.devices import CudaStatus, DeviceInfo
+    from gpumagic.devices import DeviceInfo
     from pytest_cuda.distributed.ranks import DistributedSpec
     from pytest_cuda.markers import CudaRequirement
-    from pytest_cuda.selection import DeviceRequest, WorkerPlan
     from pytest_cuda.xdist_pinning import WorkerPin
 
 # The seam (gpumagic.cuda), the marker and selection logic are imported where they are
@@ -56,9 +71,9 @@ __all__ = ["cuda_requirement", "item_devices", "marker_names", "selected_devices
 #: no:cuda`` turns them all off, and ``-p no:pytest_cuda.sync_plugin`` turns one off
 #: (the names the modules had before they moved into their folders).
 MODE_PLUGINS: dict[str, ModuleType] = {
-    "pytest_cuda.leak_plugin": leak_plugin,
-    "pytest_cuda.sync_plugin": sync_plugin,
-    "pytest_cuda.distributed_plugin": distributed_plugin,
+    LEAK_MODE: leak_plugin,
+    SYNC_MODE: sync_plugin,
+    DISTRIBUTED_MODE: distributed_plugin,
 }
 
 DEVICE_FIXTURES = ("cuda_device", "cuda_devices")
@@ -66,18 +81,6 @@ _MARKERS = frozenset({"cuda", DISTRIBUTED})
 _DEVICE_FIXTURE_SET = frozenset(DEVICE_FIXTURES)
 
 
-class _RunDevices(NamedTuple):
-    """What this process found and was asked for; one per config, built on first use."""
-
-    status: CudaStatus
-    devices: tuple[DeviceInfo, ...]
-    scope: str
-    request: DeviceRequest | None
-    plan: WorkerPlan | None
-    pin: WorkerPin | None
-
-
-_RUN_DEVICES = pytest.StashKey[_RunDevices]()
 _HEADER_SHOWN = pytest.StashKey[bool]()
 _USES_CUDA = pytest.StashKey[bool]()
 _ANY_CUDA = pytest.StashKey[bool]()
@@ -115,7 +118,7 @@ def _pin_workers(config: pytest.Config) -> None:
     if manager.has_plugin("xdist") and not manager.has_plugin("cuda.xdist"):
         from pytest_cuda.xdist_pinning import XdistPinning
 
-        manager.register(XdistPinning(_worker_plan), "cuda.xdist")
+        manager.register(XdistPinning(worker_plan), "cuda.xdist")
 
 
 def pytest_addoption(parser: Parser) -> None:
@@ -125,53 +128,29 @@ def pytest_addoption(parser: Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
-    _refuse_switched_off_modes(config)
-    resume = config.getoption("cuda_internal_resume")
-    if resume:  # a child of another session, whichever modes are on (pytest_cuda.child)
+    settings = settings_of(config)  # built and checked now, if no mode has yet
+    if settings.resume_dir:  # a child of another session, whichever modes are on
         from pytest_cuda.child import run_as_child
 
-        run_as_child(config, Path(resume))
-    if _asked_for_devices(config):
+        run_as_child(config, Path(settings.resume_dir))
+    if asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
-        _run_devices(config)
-    if config.getoption("cuda_require"):
+        run_devices(config)
+    if settings.require:
         # A GPU job whose runner lost its GPU fails at once, whatever its tests are.
-        run = _run_devices(config)
+        run = run_devices(config)
         if not run.devices:
-            why = _unavailable(run.status) if not run.status.available else "no device selected"
+            why = unavailable(run.status) if not run.status.available else "no device selected"
             raise pytest.UsageError(f"--cuda-require: no usable CUDA device here: {why}")
-
-
-#: The options each mode plugin serves (declared by :mod:`pytest_cuda.options` for all).
-_MODE_OPTIONS = {
-    "pytest_cuda.leak_plugin": (
-        ("cuda_leak_check", "--cuda-leak-check"),
-        ("cuda_leak_trace", "--cuda-leak-trace"),
-        ("cuda_leak_report", "--cuda-leak-report"),
-        ("cuda_memory_report", "--cuda-memory-report"),
-    ),
-}
-
-
-def _refuse_switched_off_modes(config: pytest.Config) -> None:
-    """An option whose mode ``-p no:`` switched off would do nothing: say so instead."""
-    for module, options in _MODE_OPTIONS.items():
-        if not config.pluginmanager.is_blocked(module):
-            continue
-        for dest, flag in options:
-            if config.getoption(dest):
-                raise pytest.UsageError(
-                    f"{flag} needs {module}, which -p no:{module} switched off: drop one of the two"
-                )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     # Discovery costs tens of ms (NVML's start-up): paid here only where devices were
     # asked for or workers start; otherwise after collection, if any test uses CUDA.
-    if not (_asked_for_devices(config) or _distributing(config)):
+    if not (asked_for_devices(config) or distributing(config)):
         return []
     config.stash[_HEADER_SHOWN] = True
-    return _header(config)
+    return header_lines(config)
 
 
 @pytest.hookimpl(trylast=True)
@@ -198,27 +177,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     if config.stash.get(_HEADER_SHOWN, False) or not config.stash.get(_ANY_CUDA, False):
         return []
-    return _header(config)
-
-
-def _header(config: pytest.Config) -> list[str]:
-    """Versions and the selected devices (one line without a GPU); no CUDA context."""
-    run = _run_devices(config)
-    status = run.status
-    if not status.available:
-        return [f"cuda: {status.summary()}"]
-    versions = [f"torch {status.torch_version}", f"CUDA {status.cuda_version}"]
-    if status.driver_version:
-        versions.append(f"driver {status.driver_version}")
-    if status.visible_devices_env is not None:
-        versions.append(f"CUDA_VISIBLE_DEVICES={status.visible_devices_env!r}")
-    lines = [f"cuda: {', '.join(versions)}", f"cuda devices ({run.scope}):"]
-    lines += [f"  cuda:{d.describe()}" for d in run.devices]
-    workers = _xdist_workers(config)
-    if run.plan is not None and workers:
-        lines.append(f"cuda xdist workers ({run.plan.per_worker} device(s) each):")
-        lines += [f"  {line}" for line in run.plan.describe(workers)]
-    return lines
+    return header_lines(config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -226,7 +185,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if "cuda_device" not in _ours(metafunc._arg2fixturedefs, ("cuda_device",)):
         return  # the user's own cuda_device fixture: theirs to parametrize
-    run = _run_devices(metafunc.config)
+    run = run_devices(metafunc.config)
     # A pinned xdist worker hands out its own device; every worker must collect the
     # same tests, so none of them parametrizes.
     if run.pin is not None or not run.devices:
@@ -267,7 +226,7 @@ def _check_before(item: pytest.Item) -> None:
         _check_backend(item)
     if requirement is None:
         return
-    run = _run_devices(item.config)
+    run = run_devices(item.config)
     if run.pin is not None and (drift := run.pin.drift()) is not None:
         pytest.fail(drift, pytrace=False)
     reason = _unmet(run, requirement, item)
@@ -282,9 +241,7 @@ def _check_before(item: pytest.Item) -> None:
         and item.get_closest_marker(DISTRIBUTED) is not None
     ):
         pytest.fail(_per_worker_usage(requirement.min_devices, run.pin, reason), pytrace=False)
-    if item.config.getoption("cuda_require") or not item.config.pluginmanager.has_plugin(
-        "skipping"
-    ):
+    if settings_of(item.config).require or not item.config.pluginmanager.has_plugin("skipping"):
         _skip_or_fail(item.config, reason)
     # Skipped by a mark, the skip is reported at the test's own line (as skipif is),
     # not at this hook's; pytest's skipping hook runs after this tryfirst one.
@@ -302,9 +259,9 @@ def cuda_device(request: pytest.FixtureRequest) -> torch.device:
     """
     device: DeviceInfo | None = getattr(request, "param", None)
     if device is None:
-        run = _run_devices(request.config)
+        run = run_devices(request.config)
         if not run.devices:
-            _skip_or_fail(request.config, _unavailable(run.status))
+            _skip_or_fail(request.config, unavailable(run.status))
         device = run.devices[0]
     from gpumagic import cuda
 
@@ -318,9 +275,9 @@ def cuda_devices(request: pytest.FixtureRequest) -> list[torch.device]:
     Skips (fails under ``--cuda-require``) when there is no usable GPU, or fewer
     devices than the test's ``cuda(min_devices=N)`` marker asks.
     """
-    run = _run_devices(request.config)
+    run = run_devices(request.config)
     if not run.devices:
-        _skip_or_fail(request.config, _unavailable(run.status))
+        _skip_or_fail(request.config, unavailable(run.status))
     from gpumagic import cuda
 
     return [cuda.torch_device(d.index) for d in run.devices]
@@ -338,7 +295,7 @@ def selected_devices(config: pytest.Config) -> tuple[DeviceInfo, ...]:
     worker's own devices. Empty without a usable GPU. Discovery runs once per config
     and creates no CUDA context; a bad selection raises :class:`pytest.UsageError`.
     """
-    return _run_devices(config).devices
+    return run_devices(config).devices
 
 
 def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
@@ -413,13 +370,6 @@ def _per_worker_usage(world_size: int, pin: WorkerPin, reason: str) -> str:
     )
 
 
-def _asked_for_devices(config: pytest.Config) -> bool:
-    return (
-        _device_request(config) is not None
-        or config.getoption("cuda_devices_per_worker") is not None
-    )
-
-
 def _uses_cuda(item: pytest.Item, marked: bool = True) -> bool:
     """A ``cuda`` marker or a device fixture (cheap: no marker parsing, no discovery).
 
@@ -455,101 +405,9 @@ def _ours(definitions: Mapping[str, Sequence[Any]], names: Iterable[str]) -> fro
     return frozenset(found)
 
 
-def _device_request(config: pytest.Config) -> DeviceRequest | None:
-    """``--cuda-devices``, else ``$PYTEST_CUDA_DEVICES``, else ini ``cuda_devices``."""
-    option: str | None = config.getoption("cuda_devices")
-    env = os.environ.get(ENV_DEVICES, "")
-    ini = str(config.getini("cuda_devices"))
-    if option is not None:
-        text, source = option, f"--cuda-devices={option}"
-    elif env.strip():
-        text, source = env, f"{ENV_DEVICES}={env}"
-    elif ini.strip():
-        text, source = ini, f"cuda_devices = {ini} (ini)"
-    else:
-        return None
-    from pytest_cuda.selection import SelectionError, parse_device_request
-
-    try:
-        return parse_device_request(text, source)
-    except SelectionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def _run_devices(config: pytest.Config) -> _RunDevices:
-    run = config.stash.get(_RUN_DEVICES, None)
-    if run is None:
-        run = _discover(config)
-        config.stash[_RUN_DEVICES] = run
-    return run
-
-
-def _discover(config: pytest.Config) -> _RunDevices:
-    from gpumagic import cuda
-    from pytest_cuda.selection import SelectionError, select_devices
-    from pytest_cuda.xdist_pinning import worker_pin
-
-    status = cuda.status()
-    request = _device_request(config)
-    pin = worker_pin(config)
-    if pin is not None:
-        scope = f"owned by xdist worker {pin.worker} (--cuda-devices-per-worker={pin.per_worker})"
-        return _RunDevices(status, status.devices, scope, request, None, pin)
-    try:
-        devices = select_devices(request, status) if request else status.devices
-        plan = _plan(config, request, devices, status)
-    except SelectionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    scope = f"selected by {request.source}" if request else "available"
-    return _RunDevices(status, devices, scope, request, plan, None)
-
-
-def _plan(
-    config: pytest.Config,
-    request: DeviceRequest | None,
-    devices: tuple[DeviceInfo, ...],
-    status: CudaStatus,
-) -> WorkerPlan | None:
-    per_worker: int | None = config.getoption("cuda_devices_per_worker")
-    if (request is None and per_worker is None) or not devices or not _distributing(config):
-        return None
-    source = request.source if request else f"--cuda-devices-per-worker={per_worker}"
-    from pytest_cuda.selection import WorkerPlan, group_devices
-
-    groups = group_devices(devices, per_worker or 1)
-    return WorkerPlan(groups, per_worker or 1, status.visible_devices_env, source)
-
-
-def _worker_plan(config: pytest.Config) -> WorkerPlan | None:
-    return _run_devices(config).plan
-
-
-def _distributing(config: pytest.Config) -> bool:
-    """Whether pytest-xdist starts workers (``-n auto`` is asked before it is resolved)."""
-    if not config.pluginmanager.has_plugin("xdist"):
-        return False
-    numprocesses = getattr(config.option, "numprocesses", None)
-    return numprocesses in ("auto", "logical") or _xdist_workers(config) > 0
-
-
-def _xdist_workers(config: pytest.Config) -> int:
-    """How many xdist workers this run starts (0 when it does not distribute)."""
-    if getattr(config.option, "dist", "no") == "no":
-        return 0
-    count = 0
-    for spec in getattr(config.option, "tx", None) or ():
-        times, star, _ = str(spec).partition("*")
-        count += int(times) if star and times.isdigit() else 1
-    return count
-
-
-def _unavailable(status: CudaStatus) -> str:
-    return f"CUDA unavailable: {status.reason}"
-
-
-def _unmet(run: _RunDevices, requirement: CudaRequirement, item: pytest.Item) -> str | None:
+def _unmet(run: RunDevices, requirement: CudaRequirement, item: pytest.Item) -> str | None:
     if not run.status.available:
-        return _unavailable(run.status)
+        return unavailable(run.status)
     param = _device_param(item)
     checked = (param,) if param is not None else run.devices[: requirement.min_devices]
     from pytest_cuda.markers import unmet_reason
@@ -573,6 +431,6 @@ def _free_memory(device: DeviceInfo) -> int | None:
 
 
 def _skip_or_fail(config: pytest.Config, reason: str) -> NoReturn:
-    if config.getoption("cuda_require"):
+    if settings_of(config).require:
         pytest.fail(f"{reason} (--cuda-require turns this skip into an error)", pytrace=False)
     pytest.skip(reason)

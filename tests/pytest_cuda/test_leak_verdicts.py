@@ -124,7 +124,12 @@ def test_a_report_into_a_missing_folder_is_a_usage_error(pytester: pytest.Pytest
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--cuda-leak-check", "--cuda-leak-report=nowhere/leaks.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--cuda-leak-report: the folder of nowhere/leaks.json does not*"])
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --cuda-leak-report=nowhere/leaks.json: the folder "
+            f"{pytester.path / 'nowhere'} does not exist; create it first"
+        ]
+    )
 
 
 def test_the_ini_tolerance_is_the_default_and_the_marker_overrides_it(

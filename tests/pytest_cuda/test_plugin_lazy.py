@@ -25,6 +25,7 @@ LAZY_MODULES = (
     "pytest_cuda.leaks.checker",
     "pytest_cuda.leaks.engine",
     "pytest_cuda.sync.checks",
+    "pytest_cuda.sync.modes",
     "pytest_cuda.sync.poison",
     "pytest_cuda.sync.continuation",
     "pytest_cuda.child",

@@ -41,23 +41,38 @@ def test_options_are_in_help(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("0,x", "--cuda-devices=0,x: 'x' is not a device index; use indices into the "
-         "visible devices such as 0 or cuda:0, a list such as 0,1 or 'all'"),
-        ("-1", "--cuda-devices=-1: '-1' is not a device index;*"),
-        ("0,,1", "--cuda-devices=0,,1: '' is not a device index;*"),
-        ("1.0", "--cuda-devices=1.0: '1.0' is not a device index;*"),
-        ("0,1,0", "--cuda-devices=0,1,0: cuda:0 is listed twice"),
-        ("", "--cuda-devices=: no device given; use indices into the visible devices "
-         "such as 0 or cuda:0, a list such as 0,1 or 'all'"),
-        ("cpu", "--cuda-devices=cpu: --cuda-devices takes CUDA devices only, not cpu;*"),
-        ("cuda:1,1", "--cuda-devices=cuda:1,1: cuda:1 is listed twice"),
+        ("0,x", "'x' is not a device index; use indices into the visible devices such as 0 "
+         "or cuda:0, a list such as 0,1 or 'all'"),
+        ("-1", "'-1' is not a device index;*"),
+        ("0,,1", "'' is not a device index;*"),
+        ("1.0", "'1.0' is not a device index;*"),
+        ("0,1,0", "cuda:0 is listed twice"),
+        ("", "no device given; use indices into the visible devices such as 0 or cuda:0, a "
+         "list such as 0,1 or 'all'"),
+        ("cpu", "--cuda-devices takes CUDA devices only, not cpu;*"),
+        ("cuda:1,1", "cuda:1 is listed twice"),
+    ],
+)  # fmt: skip
+def test_a_malformed_selection_is_refused_as_it_is_parsed(
+    pytester: pytest.Pytester, value: str, message: str
+) -> None:
+    # No discovery (no machine planted): argparse refuses it, before any plugin runs.
+    pytester.makepyfile(WHICH_DEVICE)
+    result = pytester.runpytest(f"--cuda-devices={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*error: argument --cuda-devices: {message}"])
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
         ("0,3", "--cuda-devices=0,3: cuda:3 requested, this machine shows 2 devices: "
          "0 NVIDIA H200, 1 NVIDIA H200"),
         ("3,2", "--cuda-devices=3,2: cuda:3, cuda:2 requested, this machine shows 2 devices: "
          "0 NVIDIA H200, 1 NVIDIA H200"),
     ],
 )  # fmt: skip
-def test_bad_selection_is_a_usage_error(
+def test_a_selection_of_missing_devices_is_a_usage_error(
     pytester: pytest.Pytester, fake_gpus: FakeGpus, value: str, message: str
 ) -> None:
     fake_gpus(h200s(2))

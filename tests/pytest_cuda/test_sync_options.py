@@ -306,7 +306,7 @@ def test_an_implicit_sync_fails_in_one_line(
     monkeypatch: pytest.MonkeyPatch, pytestconfig: pytest.Config
 ) -> None:
     # torch's error (raised in the block) is replaced by the report, not chained to it.
-    from pytest_cuda.sync.checks import no_implicit_sync
+    from pytest_cuda.sync.modes import no_implicit_sync
 
     install(
         monkeypatch,

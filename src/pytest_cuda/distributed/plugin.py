@@ -37,6 +37,7 @@ import pytest
 
 from pytest_cuda.distributed.ranks import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
 from pytest_cuda.leaks.plugin import CHECKER_NAME
+from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
     from pytest_cuda.distributed.pool import RankPools
@@ -197,7 +198,7 @@ def _rank_leak_settings(item: pytest.Item) -> tuple[int, Mode, bool] | None:
     if settings is None:
         return None
     tolerance, mode = settings
-    return tolerance, mode, bool(item.config.getoption("cuda_leak_trace"))
+    return tolerance, mode, settings_of(item.config).leak_trace
 
 
 def _add_sections(item: pytest.Item, outcomes: list[RankOutcome]) -> None:

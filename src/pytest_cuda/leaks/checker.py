@@ -57,6 +57,7 @@ from pytest_cuda.leaks.heap import TestHeap
 from pytest_cuda.leaks.report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leaks.rerun import ENV_OUT, rerun_alone, write_reports
 from pytest_cuda.leaks.stacks import StackRecording, attribute
+from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Sequence
@@ -104,19 +105,20 @@ class LeakChecker:
 
     def __init__(self, config: pytest.Config, *, leaks: bool = True) -> None:
         self.config = config
-        self.everywhere: bool = config.getoption("cuda_leak_check")
-        self.peaks = config.getoption("cuda_memory_report") > 0
-        self.search_s = None if config.getoption("cuda_leak_trace") else search_limit(config)
+        settings = settings_of(config)
+        self.everywhere = settings.leak_check
+        self.peaks = settings.memory_report > 0
+        self.search_s = settings.holder_search_s
         # Stacks of live blocks are recorded whenever a test may be checked for leaks.
         self.recording = StackRecording() if leaks else None
         self.heap = TestHeap()
-        self.source = CudaMemory(reset_caches=config.getoption("cuda_leak_reset_caches"))
-        self.tolerance = default_tolerance(config)
+        self.source = CudaMemory(reset_caches=settings.leak_reset_caches)
+        self.tolerance = settings.leak_tolerance
         self.root = str(config.rootpath)
         self._current: _Check | None = None
         # Opt-in: a leak is re-run alone in a fresh process (never from a re-run child).
         rerun_child = bool(os.environ.get(ENV_OUT))
-        reruns: int = config.getoption("cuda_leak_reruns")
+        reruns = settings.leak_reruns
         self.reruns_left = 0 if rerun_child else reruns
         self.reports: dict[str, dict[str, Any]] | None = {} if rerun_child else None
 
@@ -435,34 +437,6 @@ class _Steps:
 def _without(source: MemorySource, name: str) -> MemorySource:
     """``source`` with its settle step ``name`` left out."""
     return _Steps(source, tuple(s for s in source.settle_steps() if s.name != name))
-
-
-def default_tolerance(config: pytest.Config) -> int:
-    """The ``cuda_leak_tolerance`` ini value in bytes (a usage error when malformed)."""
-    value = config.getini("cuda_leak_tolerance")
-    try:
-        return parse_leak_settings(value, where="cuda_leak_tolerance (ini)")[0]
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def search_limit(config: pytest.Config) -> float | None:
-    """The ``cuda_leak_holder_search`` ini value in seconds (``None``: no limit, for 0
-    or ``none``); a usage error when malformed."""
-    value = str(config.getini("cuda_leak_holder_search")).strip()
-    if value.lower() == "none":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if seconds == 0:
-        return None
-    if not seconds > 0 or seconds == float("inf"):
-        raise pytest.UsageError(
-            f"cuda_leak_holder_search (ini) takes seconds > 0 (or none for no limit), got {value!r}"
-        )
-    return seconds
 
 
 def checked_for_leaks(item: pytest.Item) -> tuple[int, Mode] | None:

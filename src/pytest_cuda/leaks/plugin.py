@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -35,9 +34,11 @@ from pytest_cuda.leaks.report import (
     leak_report,
     peaks,
 )
+from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from _pytest.terminal import TerminalReporter
 
@@ -50,29 +51,32 @@ REPORTS_NAME = "cuda.leak-reports"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("cuda_memory_report") < 0:
-        raise pytest.UsageError(
-            "--cuda-memory-report takes a number of tests >= 0, got "
-            f"{config.getoption('cuda_memory_report')}"
-        )
-    if config.getoption("cuda_leak_reruns") < 0:
-        raise pytest.UsageError(
-            "--cuda-leak-reruns takes a number of tests >= 0, got "
-            f"{config.getoption('cuda_leak_reruns')}"
-        )
-    report_file = config.getoption("cuda_leak_report")
-    if report_file is not None and not Path(report_file).parent.resolve().is_dir():
-        raise pytest.UsageError(
-            f"--cuda-leak-report: the folder of {report_file} does not exist; create it first"
-        )
-    leaks = bool(config.getoption("cuda_leak_check") or config.getoption("cuda_leak_trace"))
-    if leaks or config.getoption("cuda_memory_report"):
+    settings = settings_of(config)
+    report_file = _report_file(config)
+    if report_file is not None:
+        from pytest_cuda.leaks.report_file import ReportFileError, check_report_file
+
+        try:
+            check_report_file(report_file, str(settings.leak_report))
+        except ReportFileError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    leaks = settings.leak_check or settings.leak_trace
+    if leaks or settings.memory_report:
         _register(config, leaks=leaks)
-    elif report_file is not None or (
-        not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
-    ):
+    elif settings.leak_report is not None or settings.xdist_controller:
         # An xdist controller shows the leaks its workers found (marked tests there).
         _read_reports(config)
+
+
+def _report_file(config: pytest.Config) -> Path | None:
+    """Where this process writes ``--cuda-leak-report`` (relative to where pytest was
+    started); ``None`` where it writes none: an xdist worker's reports go to the
+    controller, a pytest child's to the session that started it, which write the one
+    file."""
+    settings = settings_of(config)
+    if settings.leak_report is None or hasattr(config, "workerinput") or settings.resume_dir:
+        return None
+    return config.invocation_params.dir / settings.leak_report
 
 
 @pytest.hookimpl(trylast=True)
@@ -118,9 +122,9 @@ class LeakOutcome:
     (a checker here, or an xdist controller)."""
 
     def __init__(self, config: pytest.Config) -> None:
-        # An xdist worker's reports go to the controller, which writes the one file.
-        worker = hasattr(config, "workerinput")
-        self.path = None if worker else config.getoption("cuda_leak_report")
+        self.path = _report_file(config)
+        #: ``--cuda-leak-report`` as given, once the file is written.
+        self.written: str | None = None
         self.rows: list[dict[str, Any]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -132,17 +136,26 @@ class LeakOutcome:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.path is None:
             return
+        from pytest_cuda.leaks.report_file import write_report_file
+
         text = json.dumps(json_report(self.rows), indent=1)
         try:
-            Path(self.path).write_text(text + "\n", encoding="utf-8")
+            write_report_file(self.path, text + "\n")
         except OSError as exc:
+            # The checked folder changed during the run. Said in one line, and the run
+            # does not pass: CI must not read on as if the file were there.
+            failed = session.exitstatus == pytest.ExitCode.OK
+            if failed:
+                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            status = f"; exit status {int(session.exitstatus)}" if failed else ""
+            message = f"--cuda-leak-report: could not write {self.path}: {exc}{status}"
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-            message = f"--cuda-leak-report could not write {self.path}: {exc}"
             if reporter is not None:
                 reporter.write_line(message, red=True)
             else:
                 sys.stderr.write(message + "\n")
-            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        else:
+            self.written = settings_of(session.config).leak_report
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(
@@ -167,10 +180,11 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
     if not reports:
         return
     _summarize_leaks(terminalreporter, reports)
-    _summarize_totals(terminalreporter, reports, config.getoption("cuda_leak_report"))
-    if config.getoption("verbose") > 0:
+    outcome = config.pluginmanager.get_plugin(REPORTS_NAME)
+    _summarize_totals(terminalreporter, reports, getattr(outcome, "written", None))
+    if config.get_verbosity() > 0:
         _summarize_kept(terminalreporter, reports)
-    count = config.getoption("cuda_memory_report")
+    count = settings_of(config).memory_report
     if count:
         _summarize_peaks(terminalreporter, reports, count)
 
@@ -201,10 +215,11 @@ def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> 
 
 
 def _summarize_totals(
-    tr: TerminalReporter, reports: list[pytest.TestReport], path: str | None
+    tr: TerminalReporter, reports: list[pytest.TestReport], written: str | None
 ) -> None:
     """One line over every checked test, workers' included: how many, and what came of
-    them (pytest-xdist's controller sees its workers' reports)."""
+    them (pytest-xdist's controller sees its workers' reports); ``written``: the
+    ``--cuda-leak-report`` file, once written."""
     found = [leak for r in reports if (leak := leak_report(r)) is not None]
     if not found:
         return
@@ -217,7 +232,7 @@ def _summarize_totals(
     text = f"cuda leak check: {checked} test{'s' if checked != 1 else ''} checked"
     text += f", {', '.join(parts)}" if parts else ", no leak"
     text += f" ({amounts} leaked)" if amounts else ""
-    tr.write_line(text + (f"; report written to {path}" if path else ""))
+    tr.write_line(text + (f"; report written to {written}" if written else ""))
 
 
 def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:

@@ -3,7 +3,9 @@
 ``--cuda-rerun-blocking``).
 
 * :mod:`~pytest_cuda.sync.plugin`: the hooks loaded on every run;
-* :mod:`~pytest_cuda.sync.checks`: the per-test checks, imported when they have work;
+* :mod:`~pytest_cuda.sync.modes`: the sync modes' per-test checks, and
+  :mod:`~pytest_cuda.sync.checks`: the checks after each test phase, each imported when
+  it has work;
 * :mod:`~pytest_cuda.sync.poison`, :mod:`~pytest_cuda.sync.poison_report`,
   :mod:`~pytest_cuda.sync.continuation`: the cure for a poisoned CUDA context.
 

@@ -5,8 +5,9 @@
 the checks after each test phase start (a CUDA library is imported, or an option of
 the plugin is given), or on an xdist controller.
 
-* :class:`SyncModes` wraps the body of each test that asks in its CUDA checks (per-op
-  synchronize, no implicit synchronization);
+The sync modes' checks (per-op synchronize, no implicit synchronization) are in
+:mod:`pytest_cuda.sync.modes`.
+
 * :class:`PhaseChecks` checks the CUDA context after each test phase, blames the test
   that left a sticky error, adds a CUDA failure's site, re-run and repro command to its
   report, and keeps the poisoned context from the tests after it;
@@ -15,7 +16,6 @@ the plugin is given), or on an xdist controller.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -26,10 +26,8 @@ from gpumagic import cuda
 from gpumagic.cuda_errors import CudaErrorInfo, classify
 from gpumagic.stacks import FrameFilter
 from pytest_cuda.child import ChildRun, Workdirs, child_argv_for, child_env, write_nodeids
-from pytest_cuda.markers import check_no_arguments
 from pytest_cuda.repro import (
     FailureSite,
-    describe_sync_op,
     failure_site,
     repro_command,
 )
@@ -41,99 +39,14 @@ from pytest_cuda.sync.poison_report import (
     WORKER_EXIT_STATUS,
     Action,
     PoisonSummary,
-    note,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator, Iterator
+    from collections.abc import Callable, Generator
 
-__all__ = ["PhaseChecks", "SyncModes", "XdistCulprits", "no_implicit_sync"]
+__all__ = ["PhaseChecks", "XdistCulprits"]
 
 _ASYNC = pytest.StashKey[dict[str, Surfaced]]()
-
-
-# ---------------------------------------------------------------------------
-# per-op sync and implicit-sync checks, for the tests that ask for them.
-
-
-class SyncModes:
-    """Wraps the body of each test that asks (option or marker) in its CUDA checks."""
-
-    def __init__(self, config: pytest.Config, *, per_op_all: bool) -> None:
-        self.config = config
-        self.per_op_all = per_op_all
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        """A marker given arguments it would ignore is an error, not a silent no-op."""
-        for name in ("cuda_sync", "cuda_no_sync"):
-            for mark in item.iter_markers(name):
-                try:
-                    check_no_arguments(mark.args, mark.kwargs)
-                except ValueError as exc:
-                    malformed = f"malformed @pytest.mark.{name} on {item.nodeid}: {exc}"
-                else:
-                    continue
-                # Outside the except: pytest would show the ValueError first, then
-                # "During handling of the above exception" and this.
-                pytest.fail(malformed, pytrace=False)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        per_op = self.per_op_all or item.get_closest_marker("cuda_sync") is not None
-        no_sync = item.get_closest_marker("cuda_no_sync") is not None
-        if not (per_op or no_sync):
-            return (yield)
-        status = cuda.status()
-        if not status.available:
-            if per_op:
-                note(self.config, f"per-op sync did nothing: CUDA unavailable: {status.reason}")
-            if no_sync:
-                note(
-                    self.config, f"cuda_no_sync checked nothing: CUDA unavailable: {status.reason}"
-                )
-            return (yield)
-        with contextlib.ExitStack() as stack:
-            if no_sync:
-                stack.enter_context(no_implicit_sync(self.config))
-            if per_op:
-                stack.enter_context(cuda.sync_after_each_op(note=_per_op_note))
-            return (yield)
-
-
-def _per_op_note(op: str) -> str:
-    """What per-op sync adds to the error its synchronize raised right after ``op``."""
-    return (
-        f"pytest_cuda: raised by the synchronize right after {op} (per-op sync): "
-        "this op queued the kernel that failed"
-    )
-
-
-@contextlib.contextmanager
-def no_implicit_sync(config: pytest.Config) -> Iterator[None]:
-    """Fail the test if the block makes the host wait for the GPU implicitly."""
-    status = cuda.status()
-    if not status.available:
-        note(config, f"cuda_no_sync checked nothing: CUDA unavailable: {status.reason}")
-        yield
-        return
-    try:
-        with cuda.forbid_implicit_sync():
-            yield
-    except RuntimeError as error:
-        if cuda.SYNC_WARNING_MESSAGE not in str(error):
-            raise
-        op = error.op if isinstance(error, cuda.ImplicitSyncError) else None
-        site = failure_site(
-            error.__traceback__, FrameFilter.default().is_user, relative_to=config.rootpath
-        )
-        where = f" at {site.describe()}" if site else ""
-        # from None: the report is this one line, not torch's error followed by "During
-        # handling of the above exception, another exception occurred".
-        raise pytest.fail.Exception(
-            f"cuda_no_sync: implicit host-device synchronization: {describe_sync_op(op)}{where}",
-            pytrace=False,
-        ) from None
 
 
 # ---------------------------------------------------------------------------

@@ -20,8 +20,9 @@ no:pytest_cuda.sync_plugin`` turns it off alone):
 CUDA is touched only through :mod:`gpumagic.cuda`, and only in processes where torch
 has initialised CUDA (or where the user asked for a CUDA check). pytest imports this
 module on every run, so it holds the options, markers, fixture and configuration only:
-the per-test hooks are in :mod:`pytest_cuda.sync.checks`, imported and registered when
-they have work (a sync mode asked for, a CUDA library imported, an option given).
+the per-test hooks are in :mod:`pytest_cuda.sync.modes` and
+:mod:`pytest_cuda.sync.checks`, imported and registered when they have work (a sync
+mode asked for, a CUDA library imported, an option given).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import pytest
 
 from pytest_cuda.collection import marker_names
+from pytest_cuda.settings import early_sync_mode, settings_of
 from pytest_cuda.sync.poison_report import (
     LAUNCH_BLOCKING,
     NOTES,
@@ -89,8 +91,7 @@ CHECKS_NAME = "cuda.poison-checks"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    namespace = early_config.known_args_namespace
-    if getattr(namespace, "cuda_sync", None) != "launch-blocking":
+    if early_sync_mode(early_config) != "launch-blocking":
         return
     from gpumagic import cuda
 
@@ -146,11 +147,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _options(config: pytest.Config) -> DebugOptions:
-    sync: str | None = config.getoption("cuda_sync")
-    given: str | None = config.getoption("cuda_on_poison")
-    rerun_blocking: bool = config.getoption("cuda_rerun_blocking")
-    resume_dir: str | None = config.getoption("cuda_internal_resume")
-    rerun: bool = config.getoption("cuda_internal_rerun")
+    settings = settings_of(config)
+    sync, given, rerun_blocking = settings.sync, settings.on_poison, settings.rerun_blocking
+    resume_dir, rerun = settings.resume_dir, settings.rerun
     resume = Path(resume_dir) if resume_dir else None
     if rerun:
         rerun_blocking = False
@@ -159,7 +158,7 @@ def _options(config: pytest.Config) -> DebugOptions:
             "--cuda-rerun-blocking re-runs CUDA failures with CUDA_LAUNCH_BLOCKING=1, which "
             "--cuda-sync=launch-blocking already sets for the whole run: use one of them."
         )
-    debugging = bool(config.getoption("usepdb", False) or config.getoption("trace", False))
+    debugging = settings.debugging
     on_poison = given or "continue"
     downgraded = None
     if debugging and on_poison == "continue" and resume is None:
@@ -200,21 +199,18 @@ def _asked_for_checks(config: pytest.Config, options: DebugOptions) -> bool:
         options.sync
         or options.rerun_blocking
         or options.resume is not None
-        or config.getoption("cuda_on_poison")
+        or settings_of(config).on_poison
     )
 
 
 def _is_xdist_controller(config: pytest.Config) -> bool:
-    return (
-        not hasattr(config, "workerinput")
-        and getattr(config.option, "dist", "no") != "no"
-        and not config.getoption("collectonly")
-    )
+    settings = settings_of(config)
+    return settings.xdist_controller and not settings.collect_only
 
 
 def _register_sync_modes(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("cuda.sync-modes"):
-        from pytest_cuda.sync.checks import SyncModes
+        from pytest_cuda.sync.modes import SyncModes
 
         per_op = config.stash[_OPTIONS].sync == "per-op"
         config.pluginmanager.register(SyncModes(config, per_op_all=per_op), "cuda.sync-modes")
@@ -229,7 +225,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         parts.append("--cuda-sync=per-op (synchronize after every torch op)")
     if options.downgraded:
         parts.append(f"--cuda-on-poison={options.downgraded}")
-    elif config.getoption("cuda_on_poison"):
+    elif settings_of(config).on_poison:
         parts.append(f"--cuda-on-poison={options.on_poison}")
     if options.rerun_blocking:
         parts.append("--cuda-rerun-blocking")
@@ -258,7 +254,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 # ---------------------------------------------------------------------------
-# The implicit-sync check for a block (the markers' modes are in sync_checks).
+# The implicit-sync check for a block (the markers' modes are in pytest_cuda.sync.modes).
 
 
 @pytest.fixture
@@ -276,7 +272,7 @@ def cuda_no_sync(
     mode is process-wide while the block runs. Without CUDA the block checks nothing
     and the run ends with a note. ``@pytest.mark.cuda_no_sync`` covers a whole test.
     """
-    from pytest_cuda.sync.checks import no_implicit_sync
+    from pytest_cuda.sync.modes import no_implicit_sync
 
     return functools.partial(no_implicit_sync, request.config)
 
