@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from pytest_cuda.distributed.ranks import DistributedSpec
+    from pytest_cuda.leaks.engine import LeakSettings
 
 __all__ = [
     "GOOD_ENDS",
@@ -79,7 +80,8 @@ class RankJob:
     wants_rank: bool
     spec: DistributedSpec
     devices: tuple[int, ...]
-    leak: tuple[int, str, bool] | None
+    #: How the leak check applies to the test (``None``: it does not).
+    leak: LeakSettings | None
 
 
 def startup_limit(spec: DistributedSpec) -> float:
@@ -339,6 +341,7 @@ def _outcome(
             stack=stack if waiting else "",
             finished_at=float(record.get("at", ended)) - start,
             leftovers=list(record.get("leftovers", [])),
+            leak=result.get("leak"),
         )
     if stopped:
         started = started_path(folder, rank).exists()

@@ -35,6 +35,7 @@ import pytest
 from gpumagic import cuda
 from gpumagic.units import format_bytes
 from pytest_cuda.leaks.engine import TRACEBACK_STEP, LeakCheck, LeakSettings
+from pytest_cuda.leaks.peaks import peaks_since, reset_peaks
 from pytest_cuda.leaks.remains import drop_failure, release_test_references
 from pytest_cuda.leaks.report import (
     MARKER,
@@ -203,7 +204,7 @@ class LeakChecker:
             self._begin(check)
         check.ran = True
         if self.peaks:
-            check.start_stats = _reset_peaks()
+            check.start_stats = reset_peaks()
         return (yield)
 
     def pytest_fixture_post_finalizer(
@@ -294,7 +295,7 @@ class LeakChecker:
 
     def _measure(self, check: _Check) -> None:
         if self.peaks:
-            check.peak = _peaks(check.start_stats, self.source.read())
+            check.peak = peaks_since(check.start_stats, self.source.read())
         if check.engine is None:
             return
         item = check.item
@@ -430,26 +431,3 @@ def _test_function(item: pytest.Item) -> tuple[str, str] | None:
     function = getattr(item, "function", None)
     code = getattr(function, "__code__", None)
     return (code.co_filename, code.co_name) if code is not None else None
-
-
-def _reset_peaks() -> dict[int, cuda.AllocatorStats]:
-    if not cuda.is_initialized():
-        return {}
-    stats = {}
-    for device in range(cuda.visible_device_total()):
-        cuda.reset_peak_memory_stats(device)
-        stats[device] = cuda.allocator_stats(device)
-    return stats
-
-
-def _peaks(start: dict[int, cuda.AllocatorStats], end: dict[int, int]) -> list[list[int]]:
-    """``[[device, peak bytes, bytes at the start of the call]]`` for the devices the test
-    allocated on (its allocation count moved)."""
-    found = []
-    for device in end:
-        stats = cuda.allocator_stats(device)
-        before = start.get(device)
-        if before is not None and stats.allocations == before.allocations:
-            continue
-        found.append([device, stats.peak_allocated, before.allocated if before else 0])
-    return found

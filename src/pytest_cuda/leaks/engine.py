@@ -206,15 +206,16 @@ class LeakCheck:
     def _traceback_only(
         self, result: LeakResult, drop_failure: Callable[[], bool], held: Readings | None
     ) -> LeakResult:
-        """Drop the failed code's traceback; what that frees was held by it alone (a
-        closure its frames keep, an exception's arguments): kept, not a leak."""
+        """Drop the failed code's traceback (and collect: its frames and exceptions refer
+        to each other); what that frees was held by it alone (a closure its frames keep,
+        an exception's arguments): kept, not a leak."""
         holders = result.holders.holders if result.holders is not None else ()
+
+        def drop(devices: tuple[int, ...]) -> bool:
+            return drop_failure() and self.heap.collect_everything()
+
         name = f"{TRACEBACK_STEP}: {holders[0].path}" if holders else TRACEBACK_STEP
-        steps = (
-            SettleStep(name, lambda devices: drop_failure()),
-            SettleStep(f"{FULL_COLLECTION} (after the traceback)", self.heap.collect_everything),
-        )
-        return self._settle_more(result, steps, held)
+        return self._settle_more(result, (SettleStep(name, drop),), held)
 
     def _settle_more(
         self, result: LeakResult, steps: Sequence[SettleStep], held: Readings | None
