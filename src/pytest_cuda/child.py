@@ -5,11 +5,13 @@ whose CUDA context is whole), ``--cuda-rerun-blocking`` (a failed test again wit
 ``CUDA_LAUNCH_BLOCKING=1``) and ``--cuda-leak-reruns`` (a leaking test alone). All three
 keep the user's command line (its options, ini overrides and plugins), so the child
 collects and configures as this session did, narrowed to the tests it is given
-(``--cuda-internal-resume``: :class:`pytest_cuda.sync.continuation.ResumedRun`), with a
-``--basetemp`` and a cache of its own, without xdist. Its results come back through a
-file of events (:class:`EventWriter` on its side, :class:`ChildRun` here).
+(:data:`NARROW_OPTION`: :class:`ResumedRun`, registered by pytest_cuda's own plugin
+whichever modes are on), with a ``--basetemp`` and a cache of its own, without xdist.
+Its results come back through a file of events (:class:`EventWriter` on its side,
+:class:`ChildRun` here). The modes share this module, and name neither each other nor
+each other's plugins.
 
-No torch; pytest only for the type of the session's config.
+No torch.
 """
 
 from __future__ import annotations
@@ -25,25 +27,35 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+import pytest
 
-    import pytest
+if TYPE_CHECKING:
+    import warnings
+    from collections.abc import Generator, Iterable, Mapping, Sequence
 
 __all__ = [
+    "NARROW_OPTION",
     "ChildRun",
     "EventWriter",
+    "ResumedRun",
     "Workdirs",
     "child_argv",
     "child_argv_for",
     "child_env",
     "read_nodeids",
+    "run_as_child",
     "write_nodeids",
 ]
 
+#: The hidden option that makes a pytest process a child: it runs the test ids its
+#: parent wrote to the work directory the option names (:func:`write_nodeids`).
+NARROW_OPTION = "--cuda-internal-resume"
+NODEIDS_FILE = "nodeids.json"
+
 
 def child_argv_for(config: pytest.Config, workdir: Path, extra: tuple[str, ...]) -> list[str]:
-    """The command line of a child that runs some of this session's tests."""
+    """The command line of a child that runs the tests of this session written to
+    ``workdir`` (:func:`write_nodeids`), with the options in ``extra``."""
     manager = config.pluginmanager
     return child_argv(
         config.invocation_params.args,
@@ -51,7 +63,7 @@ def child_argv_for(config: pytest.Config, workdir: Path, extra: tuple[str, ...])
         no_xdist=manager.has_plugin("xdist"),
         cache=manager.has_plugin("cacheprovider"),
         junitxml=bool(getattr(config.option, "xmlpath", None)),
-        extra=extra,
+        extra=(f"{NARROW_OPTION}={workdir}", *extra),
     )
 
 
@@ -91,11 +103,11 @@ def child_argv(
 
 def write_nodeids(workdir: Path, nodeids: Iterable[str]) -> None:
     """The test ids a child runs, in order (a file: a long list fits no command line)."""
-    (workdir / "nodeids.json").write_text(json.dumps(list(nodeids)))
+    (workdir / NODEIDS_FILE).write_text(json.dumps(list(nodeids)))
 
 
 def read_nodeids(workdir: Path) -> list[str]:
-    ids = json.loads((workdir / "nodeids.json").read_text())
+    ids = json.loads((workdir / NODEIDS_FILE).read_text())
     return [str(nodeid) for nodeid in ids]
 
 
@@ -229,3 +241,86 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     with contextlib.suppress(KeyError):
         del env["PYTEST_CURRENT_TEST"]
     return env
+
+
+# ---------------------------------------------------------------------------
+# The child's side: run the parent's tests, write their events.
+
+
+def run_as_child(config: pytest.Config, workdir: Path) -> None:
+    """Make this process a child (:data:`NARROW_OPTION`): it runs the test ids its
+    parent wrote to ``workdir``, in their order, and writes their events there."""
+    if not (workdir / NODEIDS_FILE).is_file():
+        raise pytest.UsageError(f"{NARROW_OPTION}={workdir}: no {NODEIDS_FILE} there")
+    config.pluginmanager.register(ResumedRun(config, workdir), "cuda.resumed-run")
+
+
+class ResumedRun:
+    """In a child process: run only the parent's remaining tests, in the parent's order,
+    and write every event the parent replays."""
+
+    def __init__(self, config: pytest.Config, workdir: Path) -> None:
+        self.config = config
+        self.wanted = read_nodeids(workdir)
+        self.events = EventWriter(workdir)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        by_id: dict[str, pytest.Item] = {}
+        for item in items:
+            by_id.setdefault(item.nodeid, item)
+        keep = [by_id[nodeid] for nodeid in self.wanted if nodeid in by_id]
+        kept = {id(item) for item in keep}
+        deselected = [item for item in items if id(item) not in kept]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = keep
+        self.events.write("plan", nodeids=[item.nodeid for item in keep])
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.events.write("logstart", nodeid=nodeid, location=location)
+
+    @pytest.hookimpl(trylast=True)  # the report as every other plugin left it
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.events.write("report", report=data)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.events.write("logfinish", nodeid=nodeid, location=location)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        # Outside pytest's warnings plugin, which records a test's warnings after the
+        # test's logfinish: "done" tells the parent that nothing more of it will come.
+        try:
+            return (yield)
+        finally:
+            self.events.write("done", nodeid=item.nodeid)
+
+    def pytest_warning_recorded(
+        self,
+        warning_message: warnings.WarningMessage,
+        when: str,
+        nodeid: str,
+        location: tuple[str, int, str] | None,
+    ) -> None:
+        category = warning_message.category
+        self.events.write(
+            "warning",
+            message=str(warning_message.message),
+            category=getattr(category, "__name__", "UserWarning"),
+            category_module=getattr(category, "__module__", "builtins"),
+            filename=warning_message.filename,
+            lineno=warning_message.lineno,
+            when=when,
+            nodeid=nodeid,
+            location=location,
+        )
+
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        self.events.write("finish", exitstatus=int(exitstatus))
+
+    def pytest_unconfigure(self) -> None:
+        self.events.close()

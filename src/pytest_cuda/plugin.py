@@ -20,6 +20,7 @@ Public API for the other pytest_cuda modules:
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import pytest
@@ -131,6 +132,11 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
     _refuse_switched_off_modes(config)
+    resume = config.getoption("cuda_internal_resume")
+    if resume:  # a child of another session, whichever modes are on (pytest_cuda.child)
+        from pytest_cuda.child import run_as_child
+
+        run_as_child(config, Path(resume))
     if _asked_for_devices(config):
         # Asked-for devices are checked now, so a bad selection stops the run at once.
         _run_devices(config)

@@ -10,8 +10,11 @@ same tests on two real GPUs are in ``test_distributed_gpu.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pickle
+import sys
 import types
 from typing import TYPE_CHECKING
 
@@ -19,12 +22,15 @@ import pytest
 from reports import skip_reasons
 
 from fake_cuda import h200s
+from pytest_cuda.distributed.job import JOB_FILE, JobRun, RankJob, read_job
+from pytest_cuda.distributed.launch import STARTUP_S, write_job
 from pytest_cuda.distributed.ranks import (
     DistributedSpec,
     RankOutcome,
     parse_distributed_marker,
     verdict,
 )
+from pytest_cuda.leaks.engine import LeakSettings
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -349,3 +355,46 @@ def test_marker_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest("--fixtures")
     result.stdout.fnmatch_lines(["cuda_rank -- *", "    This rank of a ``cuda_distributed`` test*"])
+
+
+def test_the_job_a_rank_reads_is_the_frozen_one_the_launcher_wrote(tmp_path: Path) -> None:
+    job = RankJob(
+        name="test_x[2]",
+        module="test_x",
+        module_file=str(tmp_path / "test_x.py"),
+        call=b"call",
+        wants_rank=True,
+        spec=DistributedSpec(world_size=2, backend="gloo", timeout=5.0),
+        devices=(),
+        leak=LeakSettings(0, "fail", search_s=0.3, root=str(tmp_path)),
+    )
+    write_job(
+        job,
+        tmp_path,
+        port=1234,
+        cwd=tmp_path,
+        job_id="3",
+        generation=2,
+        group_timeout_s=65.0,
+        warm=True,
+    )
+    read = read_job(tmp_path)
+    assert read == JobRun(
+        job,
+        port=1234,
+        sys_path=tuple(sys.path),
+        cwd=str(tmp_path),
+        job_id="3",
+        generation=2,
+        group_timeout=65.0,
+        startup=STARTUP_S,
+        warm=True,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.port = 1  # type: ignore[misc]
+
+
+def test_a_job_file_of_another_kind_is_named(tmp_path: Path) -> None:
+    (tmp_path / JOB_FILE).write_bytes(pickle.dumps({"name": "test_x"}))
+    with pytest.raises(TypeError, match=r"job\.pickle holds a dict, not a JobRun: the rank and"):
+        read_job(tmp_path)

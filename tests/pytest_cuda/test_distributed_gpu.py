@@ -459,3 +459,59 @@ def test_warm_nccl_ranks_contain_failures_and_report_leftovers(pytester: pytest.
     pairs = [{pids[name] for name in run} for run in runs]
     assert [len(pair) for pair in pairs] == [1] * len(runs), pids
     assert len({next(iter(pair)) for pair in pairs}) == len(runs), pids
+
+
+GIVE_BACK = """
+import pytest
+import torch
+
+from gpumagic import cuda
+
+# NVML's free memory (every process's use counted), read when pytest imports this module,
+# before any rank starts (each rank imports it again, and does not use its reading).
+FREE_BEFORE = [cuda.nvml_memory_info(device).free for device in cuda.devices()[:2]]
+#: What the warm ranks' CUDA contexts, NCCL's buffers and this process's context may hold
+#: after the first test: far less than the memory it freed.
+CONTEXTS = 4 << 30
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_1_fills_and_frees_the_gpu(cuda_rank):
+    free, _ = torch.cuda.mem_get_info(cuda_rank.device)
+    block = torch.empty(int(free * 0.85), dtype=torch.uint8, device=cuda_rank.device)
+    block.fill_(1)
+    del block
+    # Freed, and kept by torch's allocator for this rank's next test.
+    cached = torch.cuda.memory_reserved(cuda_rank.device)
+    print(f"rank {cuda_rank.rank} on {cuda_rank.device}: {cached / 2**30:.1f} GiB cached")
+    assert cached >= int(free * 0.85)
+
+
+@pytest.mark.cuda(min_memory=int(FREE_BEFORE[0] * 0.7))
+def test_2_needs_most_of_it():
+    free = [cuda.nvml_memory_info(device).free for device in cuda.devices()[:2]]
+    print(f"free before: {FREE_BEFORE}, after the ranks' test: {free}")
+    assert all(now >= before - CONTEXTS for before, now in zip(FREE_BEFORE, free))
+    block = torch.empty(int(FREE_BEFORE[0] * 0.7), dtype=torch.uint8, device="cuda:0")
+    block.fill_(1)
+"""
+
+
+@pytest.mark.gpu_timing  # alone: it fills the GPUs' memory, and reads it with NVML
+def test_warm_ranks_give_memory_back_for_the_next_test(pytester: pytest.Pytester) -> None:
+    """A warm-rank test that fills most of each GPU and frees it, then an ordinary test
+    that needs most of cuda:0 (``cuda(min_memory=...)``), with the default options: the
+    second runs, whatever ran before it, because the warm ranks gave their cached blocks
+    back when the first ended (issue 38)."""
+    pytester.makepyfile(test_give_back=GIVE_BACK)
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider")
+    _keep("pytest (warm NCCL ranks fill the GPUs, then cuda(min_memory=...))", result)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "rank 0 on cuda:0: * GiB cached",
+            "rank 1 on cuda:1: * GiB cached",
+            "PASSED test_give_back.py::test_1_fills_and_frees_the_gpu",
+            "PASSED test_give_back.py::test_2_needs_most_of_it",
+        ]
+    )

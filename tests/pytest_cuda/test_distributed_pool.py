@@ -393,6 +393,92 @@ def test_each_xdist_worker_keeps_its_own_pool(pytester: pytest.Pytester) -> None
     _none_left(pytester)
 
 
+GIVE_BACK = (
+    HEADER
+    + """
+
+def plant(pids, rank, name, release):
+    # The seam's release, replaced in this rank's process by one that notes its calls.
+    from gpumagic import cuda
+
+    log = pids.parent / f"{name}-{rank}"
+
+    def noted(devices):
+        with log.open("a") as file:
+            file.write(f"{list(devices)}\\n")
+        release()
+
+    cuda.release_cached_blocks = noted
+
+
+def nothing():
+    pass
+
+
+def refuse():
+    raise RuntimeError("planted: the driver said no")
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_01_plants(cuda_rank, pids):
+    keep(pids, "test_01_plants", cuda_rank.rank)
+    plant(pids, cuda_rank.rank, "released", nothing)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_02_skips(cuda_rank, pids):
+    keep(pids, "test_02_skips", cuda_rank.rank)
+    pytest.skip("no dataset here")
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_03_refused(cuda_rank, pids):
+    keep(pids, "test_03_refused", cuda_rank.rank)
+    # Given back after each test that went well, before its result: a line a test.
+    assert (pids.parent / f"released-{cuda_rank.rank}").read_text() == "[]\\n[]\\n"
+    plant(pids, cuda_rank.rank, "refused", refuse)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_04_after(cuda_rank, pids):
+    keep(pids, "test_04_after", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", isolate=True)
+def test_05_fresh(cuda_rank, pids):
+    keep(pids, "test_05_fresh", cuda_rank.rank)
+    plant(pids, cuda_rank.rank, "fresh", nothing)
+    reduce(cuda_rank.rank)
+"""
+)
+
+
+def test_warm_ranks_give_cached_memory_back_after_each_test(pytester: pytest.Pytester) -> None:
+    """After each test that went well, a warm rank gives its cached CUDA blocks back
+    (through the seam, for its own device: none under gloo), before its result; a rank
+    that cannot fails the test and is replaced; a fresh rank's memory goes with its
+    process."""
+    result = _run(pytester, GIVE_BACK)
+    result.assert_outcomes(passed=3, skipped=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "test_03_refused: rank ? of 2 failed: giving the CUDA memory this rank cached "
+            "back to the driver failed: RuntimeError: planted: the driver said no",
+        ]
+    )
+    base = pytester.path / "base"
+    for rank in (0, 1):
+        assert (base / f"refused-{rank}").read_text() == "[]\n"
+    assert not list(base.glob("fresh-*"))
+    pids = _pids(base)
+    assert pids["test_01_plants"] == pids["test_02_skips"] == pids["test_03_refused"]
+    assert pids["test_04_after"].isdisjoint(pids["test_03_refused"])
+    _none_left(pytester)
+
+
 def _state(**changes: dict[str, str]) -> RankState:
     base = {
         "environ": {"HOME": "/root"},

@@ -28,6 +28,7 @@ LAZY_MODULES = (
     "pytest_cuda.sync.checks",
     "pytest_cuda.sync.poison",
     "pytest_cuda.sync.continuation",
+    "pytest_cuda.child",
     "pytest_cuda.repro",
     "pytest_cuda.markers",
     "pytest_cuda.selection",

@@ -16,18 +16,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from gpumagic import cuda
+from pytest_cuda.distributed.job import JobRun
 from pytest_cuda.distributed.rank_main import (
-    JOB_FILE,
     body_path,
     err_path,
     out_path,
@@ -40,13 +38,12 @@ from pytest_cuda.distributed.ranks import FAILURE_GRACE_S, RankOutcome
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.ranks import DistributedSpec
-    from pytest_cuda.leaks.engine import LeakSettings
 
 __all__ = [
     "GOOD_ENDS",
     "STARTUP_S",
-    "RankJob",
     "TimedOut",
     "group_timeout",
     "kill_all",
@@ -67,21 +64,6 @@ _POLL_S = 0.01
 GOOD_ENDS = ("passed", "skipped", "xfailed")
 
 TimedOut = Literal["timeout", "startup"] | None
-
-
-@dataclass(frozen=True)
-class RankJob:
-    """What every rank needs: the test's module and pickled call, the group to form."""
-
-    name: str
-    module: str
-    module_file: str
-    call: bytes
-    wants_rank: bool
-    spec: DistributedSpec
-    devices: tuple[int, ...]
-    #: How the leak check applies to the test (``None``: it does not).
-    leak: LeakSettings | None
 
 
 def startup_limit(spec: DistributedSpec) -> float:
@@ -107,29 +89,19 @@ def write_job(
     group_timeout_s: float,
     warm: bool,
 ) -> None:
-    """The job's file in ``folder``, which every rank reads."""
-    payload = {
-        "name": job.name,
-        "module": job.module,
-        "module_file": job.module_file,
-        "call": job.call,
-        "wants_rank": job.wants_rank,
-        "world_size": job.spec.world_size,
-        "backend": job.spec.backend,
-        "timeout": job.spec.timeout,
-        "fresh_group": job.spec.fresh_group,
-        "startup": startup_limit(job.spec),
-        "devices": list(job.devices),
-        "leak": job.leak,
-        "port": port,
-        "sys_path": list(sys.path),
-        "cwd": str(cwd),
-        "job": job_id,
-        "group": generation,
-        "group_timeout": group_timeout_s,
-        "warm": warm,
-    }
-    (folder / JOB_FILE).write_bytes(pickle.dumps(payload))
+    """The job's file in ``folder``, which every rank reads: ``job``, run with this
+    process's ``sys.path``."""
+    JobRun(
+        job,
+        port=port,
+        sys_path=tuple(sys.path),
+        cwd=str(cwd),
+        job_id=job_id,
+        generation=generation,
+        group_timeout=group_timeout_s,
+        startup=startup_limit(job.spec),
+        warm=warm,
+    ).write(folder)
 
 
 def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcome], TimedOut]:

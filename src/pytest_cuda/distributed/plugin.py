@@ -109,7 +109,8 @@ def rank_pools(config: pytest.Config) -> RankPools:
 
 
 def _run(item: pytest.Function, spec: DistributedSpec) -> None:
-    from pytest_cuda.distributed.launch import RankJob, run_ranks, startup_limit
+    from pytest_cuda.distributed.job import RankJob
+    from pytest_cuda.distributed.launch import run_ranks, startup_limit
     from pytest_cuda.distributed.ranks import verdict
 
     devices: tuple[int, ...] = ()

@@ -34,7 +34,8 @@ from pytest_cuda.distributed.launch import (
 if TYPE_CHECKING:
     import subprocess
 
-    from pytest_cuda.distributed.launch import RankJob, TimedOut
+    from pytest_cuda.distributed.job import RankJob
+    from pytest_cuda.distributed.launch import TimedOut
     from pytest_cuda.distributed.ranks import RankOutcome
 
 __all__ = ["GROUP_TIMEOUT_S", "PoolKey", "RankPool", "RankPools"]

@@ -1,14 +1,16 @@
 """One rank of ``cuda_distributed`` tests: ``python -m pytest_cuda.distributed.rank_main JOB RANK``
 for one test, or ``python -m pytest_cuda.distributed.rank_main --serve POOL RANK`` for a warm rank.
 
-Started by :mod:`pytest_cuda.distributed.launch`, with the pytest process's ``sys.path``. For
-each test it imports the test's module once (with pytest's assertion rewriting, so a
-failed ``assert`` explains itself as it does in pytest), joins the process group (a
-warm rank keeps it from test to test), calls the test function with the fixture values
-the pytest process sent and its own ``cuda_rank``, and writes how it ended to
-``rank<N>.json`` in the job's folder. A warm rank reads the next job's folder from its
-stdin, and ends at end of file. ``SIGUSR1`` makes it write every thread's Python stack
-to ``rank<N>.stack`` (the launcher's way to show where a hanging rank waits).
+Started by :mod:`pytest_cuda.distributed.launch`, with the pytest process's
+``sys.path``. For each test it reads its job (:mod:`pytest_cuda.distributed.job`),
+imports the test's module once (with pytest's assertion rewriting, so a failed
+``assert`` explains itself as it does in pytest), joins the process group (a warm rank
+keeps it from test to test), calls the test function with the fixture values the pytest
+process sent and its own ``cuda_rank``, and writes how it ended to ``rank<N>.json`` in
+the job's folder. A warm rank gives the CUDA memory its test freed back to the driver
+before it writes the result, reads the next job's folder from its stdin, and ends at end
+of file. ``SIGUSR1`` makes it write every thread's Python stack to ``rank<N>.stack``
+(the launcher's way to show where a hanging rank waits).
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType, TracebackType
 
+    from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
-    from pytest_cuda.leaks.engine import NoCudaLeak
+    from pytest_cuda.leaks.engine import LeakCheck
 
 __all__ = [
-    "JOB_FILE",
     "body_path",
     "err_path",
     "main",
@@ -47,8 +49,6 @@ __all__ = [
     "stack_path",
     "started_path",
 ]
-
-JOB_FILE = "job.pickle"
 
 
 def result_path(folder: Path, rank: int) -> Path:
@@ -134,39 +134,56 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
         faulthandler.register(signal.SIGUSR1, file=process.stack_file, all_threads=True)
     if old is not None:
         old.close()
-    job: dict[str, Any] = pickle.loads((folder / JOB_FILE).read_bytes())
-    sys.path[:] = job["sys_path"]
-    if job.get("cwd"):
-        os.chdir(job["cwd"])
+    from pytest_cuda.distributed.job import read_job
+
+    job_run = read_job(folder)
+    sys.path[:] = job_run.sys_path
+    if job_run.cwd:
+        os.chdir(job_run.cwd)
+    world_size = str(job_run.job.spec.world_size)
     os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(job["world_size"]),
-        LOCAL_WORLD_SIZE=str(job["world_size"]),
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=world_size
     )
-    result = _Rank(job, process, folder).run()
+    result = _Rank(job_run, process, folder).run()
     if idle is not None:  # the job's output complete before its result
         _redirect(out_path(idle, rank), err_path(idle, rank))
     _write(result_path(folder, rank), result)
-    return result["state"] in ("passed", "skipped", "xfailed") and not result.get("leftovers")
+    return _may_go_on(result)
+
+
+def _may_go_on(result: dict[str, Any]) -> bool:
+    """Whether a rank may run another test after this result: it ended well and left
+    nothing behind, neither state nor leaked memory."""
+    leaked = bool((result.get("leak") or {}).get("leaked"))
+    good = result["state"] in ("passed", "skipped", "xfailed")
+    return good and not result.get("leftovers") and not leaked
 
 
 class _Rank:
     """One rank's run of one test: set up, the test body, the health check, finishing
-    together with the other ranks, what it left behind, then the leak check."""
+    together with the other ranks, what it left behind, the leak check, then (a warm
+    rank) the memory it cached given back."""
 
-    def __init__(self, job: dict[str, Any], process: _Process, folder: Path) -> None:
-        self.job = job
+    def __init__(self, job_run: JobRun, process: _Process, folder: Path) -> None:
+        self.job_run = job_run
+        self.job = job_run.job
         self.process = process
         self.rank = process.rank
         self.folder = folder
         self.start = time.monotonic()
         self.joined = False
         self.before: RankState | None = None
-        self.leak_check: NoCudaLeak | None = None
+        self.leak_check: LeakCheck | None = None
         self.warnings: list[warnings.WarningMessage] = []
 
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            if self.leak_check is not None:  # not judged: the test failed
+                self.leak_check.close()
+
+    def _run(self) -> dict[str, Any]:
         result = self._guarded(self._body)
         if result["state"] == "passed" and self.joined:
             _write(body_path(self.folder, self.rank), self._stamped(result))
@@ -175,10 +192,32 @@ class _Rank:
             with contextlib.suppress(Exception):  # the failure is what gets reported
                 from gpumagic import cuda
 
-                cuda.mark_rank_done(self.rank, self.job["job"])  # none need wait for it
+                cuda.mark_rank_done(self.rank, self.job_run.job_id)  # none need wait for it
             if result["state"] in ("skipped", "xfailed"):
                 result["leftovers"] = self._leftovers(groups=True)
+        if self.job_run.warm and _may_go_on(result):
+            result = self._give_memory_back(result)
         return self._stamped(result)
+
+    def _give_memory_back(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Return the blocks torch's allocator cached in this warm rank to the driver,
+        before the result says the test ended: the next test, an ordinary one in the
+        pytest process included, finds what this test freed free again, whatever the
+        order (a warm rank outlives its test; a fresh one's memory goes with its
+        process). After the leak check, which reads the allocator, and the leftovers."""
+        from gpumagic import cuda
+
+        try:
+            cuda.release_cached_blocks(self.job.devices[self.rank : self.rank + 1])
+        except Exception as exc:
+            return {
+                "state": "failed",
+                "message": "giving the CUDA memory this rank cached back to the driver "
+                f"failed: {type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(),
+                "at": time.monotonic(),
+            }
+        return result
 
     def _stamped(self, result: dict[str, Any]) -> dict[str, Any]:
         result["seconds"] = time.monotonic() - self.start
@@ -205,22 +244,22 @@ class _Rank:
         a new one (the old one destroyed first)."""
         from gpumagic import cuda
 
-        job, process = self.job, self.process
-        cuda.connect_store(job["port"], job["world_size"], job["startup"])
-        if process.generation == job["group"]:
+        job_run, spec, process = self.job_run, self.job.spec, self.process
+        cuda.connect_store(job_run.port, spec.world_size, job_run.startup)
+        if process.generation == job_run.generation:
             return process.group
         if process.generation is not None:
             process.generation = process.group = None
             cuda.leave_group()
         process.group = cuda.join_group(
-            job["backend"],
+            spec.backend,
             self.rank,
-            job["world_size"],
+            spec.world_size,
             device=device,
-            prefix=f"pytest_cuda/group{job['group']}/",
-            group_timeout_s=job["group_timeout"],
+            prefix=f"pytest_cuda/group{job_run.generation}/",
+            group_timeout_s=job_run.group_timeout,
         )
-        process.generation = job["group"]
+        process.generation = job_run.generation
         return process.group
 
     def _body(self) -> dict[str, Any]:
@@ -228,25 +267,27 @@ class _Rank:
         from pytest_cuda.distributed.ranks import RankInfo
 
         job, rank = self.job, self.rank
-        _import_test_module(job["module"], job["module_file"])
-        function, kwargs = pickle.loads(job["call"])
-        devices: list[int] = job["devices"]
-        device = cuda.rank_device(devices[rank] if devices else None)
+        _import_test_module(job.module, job.module_file)
+        function, kwargs = pickle.loads(job.call)
+        device = cuda.rank_device(job.devices[rank] if job.devices else None)
         group = self._join(device)
         self.joined = True
-        if job["wants_rank"]:
-            kwargs["cuda_rank"] = RankInfo(rank, job["world_size"], device, job["backend"], group)
-        if job["warm"]:
+        if job.wants_rank:
+            spec = job.spec
+            kwargs["cuda_rank"] = RankInfo(rank, spec.world_size, device, spec.backend, group)
+        if self.job_run.warm:
             from pytest_cuda.distributed.leftovers import capture
 
             self.before = capture()
-        if job["leak"] is not None:
-            from pytest_cuda.leaks.engine import NoCudaLeak
+        if job.leak is not None:
+            from pytest_cuda.leaks.engine import LeakCheck
 
-            tolerance, mode, trace = job["leak"]
-            subject = f"{job['name']} on rank {rank}"
-            self.leak_check = NoCudaLeak(tolerance, mode, trace, subject=subject)
-            self.leak_check.__enter__()
+            # The same check as the pytest process's, stacks recorded: its stacks are
+            # cut at the test function.
+            code = getattr(getattr(function, "__func__", function), "__code__", None)
+            outermost = (code.co_filename, code.co_name) if code is not None else None
+            self.leak_check = LeakCheck.alone(job.leak, outermost=outermost)
+            self.leak_check.begin()
         started_path(self.folder, rank).touch()
         function(**kwargs)
         del function, kwargs
@@ -281,30 +322,39 @@ class _Rank:
         before the leak check's baseline."""
         from gpumagic import cuda
 
-        job = self.job
-        cuda.mark_rank_done(self.rank, job["job"])
+        job_run, spec = self.job_run, self.job.spec
+        cuda.mark_rank_done(self.rank, job_run.job_id)
         # Longer than the launcher waits: a rank never leaves before the others finish.
-        cuda.wait_for_ranks(job["world_size"], job["job"], job["timeout"] + job["startup"])
+        cuda.wait_for_ranks(spec.world_size, job_run.job_id, spec.timeout + job_run.startup)
         # A test's own group goes with it: groups it kept are no leftover then.
-        leaving = job["fresh_group"] or not job["warm"]
+        leaving = spec.fresh_group or not job_run.warm
         left = self._leftovers(groups=not leaving)
         if leaving:
             self.process.generation = self.process.group = None
             cuda.leave_group()
-        leak: BaseException | None = None
+        result: dict[str, Any] = _left_behind(left) if left else {"state": "passed"}
         if self.leak_check is not None:
-            try:
-                self.leak_check.__exit__(None, None, None)
-            except Exception as exc:
-                leak = exc
-        if left:
-            return _left_behind(left, leak)
-        if leak is not None:
-            raise leak
-        return {"state": "passed"}
+            result["leak"] = self._leak_report(self.leak_check)
+        return result
+
+    def _leak_report(self, check: LeakCheck) -> dict[str, Any]:
+        """The leak check's verdict, as plain data for the pytest process, which judges
+        it with the test's own check (a leak does not fail the rank)."""
+        from pytest_cuda.leaks.report import LeakReport
+
+        settings, self.leak_check = self.job.leak, None
+        assert settings is not None  # a check was begun for it
+        return LeakReport.of(
+            check.finish(),
+            mode=settings.mode,
+            tolerance=settings.tolerance,
+            subject=f"{self.job.name} on rank {self.rank}",
+            root=settings.root,
+            rank=self.rank,
+        ).to_dict()
 
 
-def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]:
+def _left_behind(lines: list[str]) -> dict[str, Any]:
     """The failure of a rank whose test left state behind for the next test."""
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
     details = [
@@ -314,8 +364,6 @@ def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]
         "process groups it made (dist.destroy_process_group(group)), or mark the test "
         "cuda_distributed(..., isolate=True) to give it fresh rank processes.",
     ]
-    if leak is not None:
-        details += ["", str(leak)]
     return {
         "state": "failed",
         "message": f"left state behind for the next test: {lines[0]}{more}",
@@ -323,7 +371,7 @@ def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]
     }
 
 
-def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
+def _failure(exc: BaseException, job: RankJob) -> dict[str, Any]:
     """How an exception ended the rank: pytest's outcomes keep their meaning."""
     # By class, not name: pytest's outcome classes say they are in ``builtins``.
     import pytest
@@ -339,9 +387,9 @@ def _failure(exc: BaseException, job: dict[str, Any]) -> dict[str, Any]:
         return {"state": "failed", "message": first, "traceback": details}
     from pytest_cuda.repro import failure_site
 
-    shown = _from_test(exc.__traceback__, job["module_file"]) or exc.__traceback__
+    shown = _from_test(exc.__traceback__, job.module_file) or exc.__traceback__
     text = "".join(traceback.format_exception(type(exc), exc, shown))
-    site = failure_site(exc.__traceback__, in_file=Path(job["module_file"]), relative_to=Path.cwd())
+    site = failure_site(exc.__traceback__, in_file=Path(job.module_file), relative_to=Path.cwd())
     where = f"{site.path}:{site.lineno}" if site is not None else ""
     headline = message.strip().splitlines()[0] if message.strip() else ""
     if not isinstance(exc, pytest.fail.Exception):

@@ -4,10 +4,10 @@ Opt-in (the default check names the allocating line and the holder in the run it
 the first ``N`` leaking tests of a session are run again alone, to tell a leak that
 needs the tests before it (a cache an earlier test filled) from one that leaks alone.
 The child is a pytest child of this session, as the poison continuation's and
-``--cuda-rerun-blocking``'s are (:mod:`pytest_cuda.child`): the
-user's own command line, so it collects and configures the same way, narrowed to the
-one test (``--cuda-internal-resume``), with its own ``--basetemp`` and cache, without
-xdist; it writes its leak reports to the file named by :data:`ENV_OUT`.
+``--cuda-rerun-blocking``'s are (:mod:`pytest_cuda.child`): the user's own command
+line, so it collects and configures the same way, narrowed to the one test, with its
+own ``--basetemp`` and cache, without xdist; it writes its leak reports to the file
+named by :data:`ENV_OUT`.
 """
 
 from __future__ import annotations
@@ -32,23 +32,15 @@ __all__ = ["ENV_OUT", "rerun_alone", "write_reports"]
 #: Where a re-run child writes ``{nodeid: LeakReport.to_dict()}``.
 ENV_OUT = "PYTEST_CUDA_LEAK_RERUN_OUT"
 TIMEOUT_S = 300
-#: The mode that runs a child's share of the session's tests (``ResumedRun``).
-NARROWING_PLUGIN = "pytest_cuda.sync_plugin"
 
 
 def rerun_alone(config: pytest.Config, nodeid: str) -> Rerun:
     """Run ``nodeid`` alone in a pytest child of this session; what it showed."""
-    if config.pluginmanager.is_blocked(NARROWING_PLUGIN):
-        return Rerun(
-            note=f"not re-run: a child that runs one test needs {NARROWING_PLUGIN}, which "
-            f"-p no:{NARROWING_PLUGIN} switched off"
-        )
     with tempfile.TemporaryDirectory(prefix="pytest-cuda-rerun-") as folder:
         workdir = Path(folder)
         out = workdir / "leaks.json"
         write_nodeids(workdir, [nodeid])
         extra = (
-            f"--cuda-internal-resume={workdir}",
             "--cuda-leak-check",
             f"--cuda-leak-report={workdir / 'report.json'}",  # never the user's file
         )

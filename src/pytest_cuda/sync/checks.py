@@ -332,11 +332,7 @@ class PhaseChecks:
         argv = child_argv_for(
             config,
             workdir,
-            (
-                "--cuda-sync=launch-blocking",
-                f"--cuda-internal-resume={workdir}",
-                "--cuda-internal-rerun",
-            ),
+            ("--cuda-sync=launch-blocking", "--cuda-internal-rerun"),
         )
         child = ChildRun(
             argv, workdir, cwd=config.invocation_params.dir, env=child_env({LAUNCH_BLOCKING: "1"})

@@ -2,9 +2,9 @@
 
 The pytest glue of :mod:`pytest_cuda.sync.poison`. In the poisoned process,
 :class:`Continuation` (``--cuda-on-poison=continue``) takes over the protocol of every
-later test: a fresh pytest process runs them (:class:`ResumedRun` on its side), and
-their reports are replayed here as they come, so the terminal, JUnit XML, ``--lf`` and
-the exit status hold one session. :class:`SkipRemaining` (``skip``) reports them
+later test: a fresh pytest process runs them (:class:`pytest_cuda.child.ResumedRun` on
+its side), and their reports are replayed here as they come, so the terminal, JUnit
+XML, ``--lf`` and the exit status hold one session. :class:`SkipRemaining` (``skip``) reports them
 skipped instead. The poison plugin registers one of them right after the culprit.
 """
 
@@ -16,22 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from pytest_cuda.child import (
-    ChildRun,
-    EventWriter,
-    child_argv_for,
-    child_env,
-    read_nodeids,
-    write_nodeids,
-)
+from pytest_cuda.child import ChildRun, child_argv_for, child_env, write_nodeids
 
 if TYPE_CHECKING:
-    from collections.abc import Generator
-    from pathlib import Path
-
     from pytest_cuda.child import Workdirs
 
-__all__ = ["Continuation", "ResumedRun", "SkipRemaining", "report_from_data"]
+__all__ = ["Continuation", "SkipRemaining", "report_from_data"]
 
 
 def _keywords(item: pytest.Item) -> dict[str, Literal[1]]:
@@ -139,7 +129,7 @@ class Continuation:
         workdir = self.workdirs.new("continue")
         write_nodeids(workdir, (i.nodeid for i in remaining))
         config = self.config
-        argv = child_argv_for(config, workdir, (f"--cuda-internal-resume={workdir}",))
+        argv = child_argv_for(config, workdir, ())
         self.child = ChildRun(argv, workdir, cwd=config.invocation_params.dir, env=child_env())
         self.planned, self.ran = None, 0
         self.children += 1
@@ -223,73 +213,3 @@ def _replay_warning(config: pytest.Config, event: dict[str, Any]) -> None:
             "location": tuple(location) if location else None,
         }
     )
-
-
-class ResumedRun:
-    """In a child process: run only the parent's remaining tests, in the parent's order,
-    and write every event the parent replays."""
-
-    def __init__(self, config: pytest.Config, workdir: Path) -> None:
-        self.config = config
-        self.wanted = read_nodeids(workdir)
-        self.events = EventWriter(workdir)
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(
-        self, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
-        by_id: dict[str, pytest.Item] = {}
-        for item in items:
-            by_id.setdefault(item.nodeid, item)
-        keep = [by_id[nodeid] for nodeid in self.wanted if nodeid in by_id]
-        kept = {id(item) for item in keep}
-        deselected = [item for item in items if id(item) not in kept]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-        items[:] = keep
-        self.events.write("plan", nodeids=[item.nodeid for item in keep])
-
-    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.events.write("logstart", nodeid=nodeid, location=location)
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.events.write("report", report=data)
-
-    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.events.write("logfinish", nodeid=nodeid, location=location)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
-        # Outside pytest's warnings plugin, which records a test's warnings after the
-        # test's logfinish: "done" tells the parent that nothing more of it will come.
-        try:
-            return (yield)
-        finally:
-            self.events.write("done", nodeid=item.nodeid)
-
-    def pytest_warning_recorded(
-        self,
-        warning_message: warnings.WarningMessage,
-        when: str,
-        nodeid: str,
-        location: tuple[str, int, str] | None,
-    ) -> None:
-        category = warning_message.category
-        self.events.write(
-            "warning",
-            message=str(warning_message.message),
-            category=getattr(category, "__name__", "UserWarning"),
-            category_module=getattr(category, "__module__", "builtins"),
-            filename=warning_message.filename,
-            lineno=warning_message.lineno,
-            when=when,
-            nodeid=nodeid,
-            location=location,
-        )
-
-    def pytest_sessionfinish(self, exitstatus: int) -> None:
-        self.events.write("finish", exitstatus=int(exitstatus))
-
-    def pytest_unconfigure(self) -> None:
-        self.events.close()

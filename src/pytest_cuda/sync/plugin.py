@@ -136,11 +136,10 @@ def pytest_configure(config: pytest.Config) -> None:
             guard.start_checking()
         else:
             guard.watch_imports()
-    if options.resume is not None:
-        from pytest_cuda.sync.continuation import ResumedRun
-
-        manager.register(ResumedRun(config, options.resume), "cuda.resumed-run")
-    elif not hasattr(config, "workerinput") and not _is_xdist_controller(config):
+    # A child of another session (options.resume) runs its share of that session's tests
+    # (pytest_cuda.child, registered by pytest_cuda's own plugin): the parent sums up.
+    no_parent = options.resume is None and not hasattr(config, "workerinput")
+    if no_parent and not _is_xdist_controller(config):
         manager.register(PoisonSummary(), SUMMARY_NAME)
     if options.sync == "per-op":
         _register_sync_modes(config)
@@ -153,8 +152,6 @@ def _options(config: pytest.Config) -> DebugOptions:
     resume_dir: str | None = config.getoption("cuda_internal_resume")
     rerun: bool = config.getoption("cuda_internal_rerun")
     resume = Path(resume_dir) if resume_dir else None
-    if resume is not None and not (resume / "nodeids.json").is_file():
-        raise pytest.UsageError(f"--cuda-internal-resume={resume_dir}: no nodeids.json there")
     if rerun:
         rerun_blocking = False
     elif rerun_blocking and sync == "launch-blocking":

@@ -1,0 +1,88 @@
+"""The job of a ``cuda_distributed`` test's ranks, as every rank reads it.
+
+:class:`RankJob` is what the test is (its module, its pickled call, its marker, its
+devices, its leak check); :class:`JobRun` is one run of it by a set of rank processes
+(the store's port, the process group's generation and timeout, warm or fresh ranks).
+The launcher (:mod:`pytest_cuda.distributed.launch`) writes a :class:`JobRun` to the
+job's folder, a private temporary directory; each rank
+(:mod:`pytest_cuda.distributed.rank_main`) reads it back with :func:`read_job`. The
+file is a pickle: the test's call is one already, and nothing but this package's own
+processes reads it. Importing this module imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pytest_cuda.distributed.ranks import DistributedSpec
+    from pytest_cuda.leaks.engine import LeakSettings
+
+__all__ = ["JOB_FILE", "JobRun", "RankJob", "read_job"]
+
+#: The job's file in its folder.
+JOB_FILE = "job.pickle"
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank needs to know of the test: its module and pickled call, the
+    group to form, the devices, and the leak check."""
+
+    #: The test's name (``test_x[param]``), for the leak check's messages.
+    name: str
+    #: The test module's name, as pytest imported it, and its file.
+    module: str
+    module_file: str
+    #: ``pickle.dumps((function, kwargs))``: the test function and its fixture values.
+    call: bytes
+    #: Whether the function takes ``cuda_rank``.
+    wants_rank: bool
+    spec: DistributedSpec
+    #: One device index per rank (empty for a backend on the CPU).
+    devices: tuple[int, ...]
+    #: How the pytest process checks the test for leaks, for each rank to check itself
+    #: the same way (``None``: the leak check does not apply to it).
+    leak: LeakSettings | None
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run of a :class:`RankJob` by a set of rank processes."""
+
+    job: RankJob
+    #: The rendezvous store's port on localhost.
+    port: int
+    #: The pytest process's ``sys.path`` and working directory, for the test's imports.
+    sys_path: tuple[str, ...]
+    cwd: str
+    #: The job's number among its ranks' jobs (the store's keys for finishing together).
+    job_id: str
+    #: The process group's generation: a rank in another one joins a new group.
+    generation: int
+    #: Seconds the process group's collectives may take before they time out.
+    group_timeout: float
+    #: Seconds the ranks may take to set up (Python, torch, the rendezvous).
+    startup: float
+    #: Warm ranks, kept for the next test (else fresh ones for this test alone).
+    warm: bool
+
+    def write(self, folder: Path) -> None:
+        """Write this run to ``folder``'s :data:`JOB_FILE`."""
+        (folder / JOB_FILE).write_bytes(pickle.dumps(self))
+
+
+def read_job(folder: Path) -> JobRun:
+    """The :class:`JobRun` in ``folder``; :class:`TypeError` if the file holds another
+    object (a launcher of another version)."""
+    found = pickle.loads((folder / JOB_FILE).read_bytes())
+    if not isinstance(found, JobRun):
+        raise TypeError(
+            f"{folder / JOB_FILE} holds a {type(found).__qualname__}, not a JobRun: "
+            "the rank and its launcher come from different versions of pytest_cuda"
+        )
+    return found
