@@ -2,10 +2,12 @@
 process's own check, ``LEAKED`` naming the rank, its own row in the
 ``--cuda-leak-report`` JSON and its own JUnit properties, counted in the summary.
 
-The ranks here are stand-ins (``launch.run_ranks`` replaced in the planted conftest):
-each returns the :class:`~pytest_cuda.distributed.ranks.RankOutcome` a rank process
-sends back, its leak report as plain data, and records the settings the job carried.
-The ranks' own check, for real, is in ``test_distributed_gpu.py`` (NCCL, two GPUs).
+The merge is tested with stand-in ranks (``launch.run_ranks`` replaced in the planted
+conftest): each returns the :class:`~pytest_cuda.distributed.ranks.RankOutcome` a rank
+process sends back, its leak report as plain data, and records the settings the job
+carried. The ranks' own check runs for real in gloo rank processes whose test module
+puts the fake allocator in each rank's seam (the last test), and on two GPUs with NCCL
+in ``test_distributed_gpu.py``.
 """
 
 from __future__ import annotations
@@ -217,3 +219,79 @@ def pytest_cuda_leak_report(report, item):
             "1.0 MiB on cuda:1",
         ]
     )
+
+
+# ---------------------------------------------------------------------------
+# The ranks' own check, in real rank processes (gloo), on a fake allocator each.
+
+IN_RANKS = """
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+if "RANK" in os.environ:  # imported by a rank process: the fake allocator in its seam
+    from fake_cuda import FakeAllocator
+
+    FAKE = FakeAllocator(2)
+    FAKE.install(pytest.MonkeyPatch())
+
+KEPT = []
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
+def test_pair(cuda_rank):
+    dist.all_reduce(torch.ones(1))
+    if cuda_rank.rank == 1:
+        KEPT.append(FAKE.tensor(1 << 20, device=1))
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
+def test_next(cuda_rank):
+    assert not KEPT  # new ranks: the ones that leaked were replaced
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_each_rank_runs_the_same_check_and_names_its_line_and_holder(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(IN_RANKS)
+    result = pytester.runpytest_subprocess(
+        "--cuda-leak-check",
+        "--cuda-leak-report=leaks.json",
+        "-o",
+        "cuda_leak_holder_search=0.3",  # the default, as a user's run has it
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.parseoutcomes() == {"passed": 2, "leaked": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "test_pair on rank 1 left 1.0 MiB (1,048,576 B) allocated on cuda:1; tolerance 0 B.",
+            "Measured in this process's caching allocator after: *",
+            "Blocks still alive, by allocating stack (largest first):",
+            "  1.0 MiB in 1 block on cuda:1",
+            "    test_planted.py:20 in test_pair",
+            "Who holds them (the reference path from a root, largest first):",
+            "  1.0 MiB (1 tensor) on cuda:1: test_planted.KEPT[0] (module global)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_planted.py::test_pair on rank 1 - 1.0 MiB on cuda:1, allocated at "
+            "test_planted.py:20 in test_pair, held by test_planted.KEPT[0] (module global)",
+            "cuda leak check: 2 tests checked, 1 leaked (1.0 MiB on cuda:1 leaked); report "
+            "written to leaks.json",
+        ]
+    )
+    rows = json.loads((pytester.path / "leaks.json").read_text())["tests"]
+    assert [(r["nodeid"].split("::")[1], r["rank"], r["verdict"]) for r in rows] == [
+        ("test_pair", None, "clean"),
+        ("test_pair", 0, "clean"),
+        ("test_pair", 1, "leaked"),
+        ("test_next", None, "clean"),
+        ("test_next", 0, "clean"),
+        ("test_next", 1, "clean"),
+    ]
