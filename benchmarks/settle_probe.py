@@ -2,7 +2,7 @@
 pytest_cuda's leak check takes, summed over the run, printed at the end.
 
 Load it with ``-p settle_probe`` (this folder on ``sys.path``); it wraps the steps of
-:class:`pytest_cuda.leaks.engine.CudaMemory` and the reading, and changes nothing else.
+:class:`pytest_cuda.leaks.settle.CudaMemory` and the reading, and changes nothing else.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-from pytest_cuda import leaks
+from pytest_cuda.leaks import settle as leaks
 
 SPENT: dict[str, list[float]] = defaultdict(list)
 

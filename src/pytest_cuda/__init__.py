@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_cuda.leaks.engine import CudaLeakError, CudaLeakWarning, no_cuda_leak
+    from pytest_cuda.leaks.block import CudaLeakError, CudaLeakWarning, no_cuda_leak
 
 __all__ = ["CudaLeakError", "CudaLeakWarning", "no_cuda_leak"]
 
 _LAZY = {
-    "no_cuda_leak": "pytest_cuda.leaks.engine",
-    "CudaLeakError": "pytest_cuda.leaks.engine",
-    "CudaLeakWarning": "pytest_cuda.leaks.engine",
+    "no_cuda_leak": "pytest_cuda.leaks.block",
+    "CudaLeakError": "pytest_cuda.leaks.result",
+    "CudaLeakWarning": "pytest_cuda.leaks.result",
 }
 
 

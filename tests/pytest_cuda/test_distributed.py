@@ -30,6 +30,7 @@ from pytest_cuda.distributed.ranks import (
     parse_distributed_marker,
     verdict,
 )
+from pytest_cuda.leaks.engine import LeakSettings
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -365,7 +366,7 @@ def test_the_job_a_rank_reads_is_the_frozen_one_the_launcher_wrote(tmp_path: Pat
         wants_rank=True,
         spec=DistributedSpec(world_size=2, backend="gloo", timeout=5.0),
         devices=(),
-        leak=(0, "fail", False),
+        leak=LeakSettings(0, "fail", search_s=0.3, root=str(tmp_path)),
     )
     write_job(
         job,

@@ -9,7 +9,9 @@ and fail under ``--cuda-require``, so leave this file out of one-GPU checks (as
 
 from __future__ import annotations
 
+import json
 import os
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -156,7 +158,8 @@ def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
         "not ddp",
     )
     _keep("pytest --cuda-devices=0,1 --cuda-leak-check --cuda-leak-trace (NCCL, 2 GPUs)", result)
-    result.assert_outcomes(failed=4)
+    result.assert_outcomes(failed=3, passed=1)
+    assert result.parseoutcomes()["leaked"] == 1
     result.stdout.fnmatch_lines(
         [
             "test_rank1_fails: rank 1 of 2 failed: RuntimeError: planted failure on rank 1 "
@@ -177,14 +180,81 @@ def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
     )
     result.stdout.fnmatch_lines(
         [
-            "test_leak_on_rank1: rank 1 of 2 failed: CUDA memory leak: test_leak_on_rank1 "
-            "on rank 1 left 8.0 MiB on cuda:1 allocated (tolerance 0 B), allocated at "
-            "test_planted.py:*",
+            "LEAKED test_planted.py::test_leak_on_rank1 on rank 1 - 8.0 MiB on cuda:1, "
+            "allocated at test_planted.py:* in test_leak_on_rank1, held by "
+            "test_planted.KEPT[0] (module global)",
         ]
     )
     result.stdout.fnmatch_lines(
         ["test_device_assert_on_rank1: rank 1 of 2 failed: a CUDA error surfaced after the test*"]
     )
+
+
+RANK_LEAK = """
+import pytest
+import torch
+import torch.distributed as dist
+
+KEPT = []
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_leaks_on_rank1(cuda_rank):
+    dist.all_reduce(torch.ones(1, device=cuda_rank.device))
+    if cuda_rank.rank == 1:
+        KEPT.append(torch.empty(1 << 20, dtype=torch.uint8, device=cuda_rank.device))
+
+
+@pytest.mark.cuda_distributed(world_size=2, timeout=120)
+def test_after_it(cuda_rank):
+    assert not KEPT  # new ranks: the leaking ones were replaced
+    dist.all_reduce(torch.ones(1, device=cuda_rank.device))
+"""
+
+
+def test_a_ranks_leak_under_the_default_options_is_leaked_with_its_rank(
+    pytester: pytest.Pytester,
+) -> None:
+    """The default check (no --cuda-leak-trace): a 1 MiB leak on rank 1 is the test's
+    LEAKED, naming the rank, its holder and its line, in the summary, the JSON report
+    and the JUnit XML (issue 38)."""
+    pytester.makepyfile(test_rank_leak=RANK_LEAK)
+    result = pytester.runpytest_subprocess(
+        "--cuda-leak-check",
+        "--cuda-leak-report=leaks.json",
+        "--junitxml=junit.xml",
+        "-p",
+        "no:cacheprovider",
+    )
+    _keep("pytest --cuda-leak-check --cuda-leak-report --junitxml (NCCL, 2 GPUs)", result)
+    assert result.parseoutcomes() == {"passed": 2, "leaked": 1}
+    line = "test_rank_leak.py:12 in test_leaks_on_rank1"
+    holder = "test_rank_leak.KEPT[0] (module global)"
+    result.stdout.fnmatch_lines(
+        [
+            f"LEAKED test_rank_leak.py::test_leaks_on_rank1 on rank 1 - 1.0 MiB on cuda:1, "
+            f"allocated at {line}, held by {holder}",
+            "cuda leak check: 2 tests checked, 1 leaked (1.0 MiB on cuda:1 leaked); report "
+            "written to leaks.json",
+        ]
+    )
+    rows = json.loads((pytester.path / "leaks.json").read_text())["tests"]
+    leaked = [row for row in rows if row["verdict"] == "leaked"]
+    assert [(r["nodeid"], r["rank"], r["leaked"], r["line"], r["holder"]) for r in leaked] == [
+        ("test_rank_leak.py::test_leaks_on_rank1", 1, {"cuda:1": 1 << 20}, line, holder)
+    ]
+    assert {(r["nodeid"].split("::")[1], r["rank"]) for r in rows} == {
+        (name, rank) for name in ("test_leaks_on_rank1", "test_after_it") for rank in (None, 0, 1)
+    }
+    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+    leaking = next(case for case in cases if case.get("name") == "test_leaks_on_rank1")
+    properties = {p.get("name"): p.get("value") for p in leaking.iter("property")}
+    assert properties["cuda_leak_verdict"] == "leaked"
+    assert properties["cuda_leak_rank1_verdict"] == "leaked"
+    assert properties["cuda_leak_rank1_bytes"] == f"cuda:1={1 << 20}"
+    assert properties["cuda_leak_rank1_line"] == line
+    assert properties["cuda_leak_rank1_holder"] == holder
+    assert properties["cuda_leak_rank0_verdict"] in ("clean", "kept")
 
 
 DDP_UNDER_XDIST = """
@@ -342,7 +412,7 @@ def test_warm_nccl_ranks_contain_failures_and_report_leftovers(pytester: pytest.
     assert outcomes == {
         "test_01_barrier_all_reduce": "PASSED",
         "test_02_ddp_step": "PASSED",
-        "test_03_keeps_memory_on_rank1": "FAILED",
+        "test_03_keeps_memory_on_rank1": "PASSED",  # and LEAKED at its teardown
         "test_04_after_the_leak": "PASSED",
         "test_05_fails_on_rank1": "FAILED",
         "test_06_after_the_failure": "PASSED",
@@ -353,9 +423,9 @@ def test_warm_nccl_ranks_contain_failures_and_report_leftovers(pytester: pytest.
     }
     result.stdout.fnmatch_lines(
         [
-            "test_03_keeps_memory_on_rank1: rank 1 of 2 failed: CUDA memory leak: "
-            "test_03_keeps_memory_on_rank1 on rank 1 left 8.0 MiB on cuda:1 allocated "
-            "(tolerance 0 B), allocated at test_warm.py:*",
+            "LEAKED test_warm.py::test_03_keeps_memory_on_rank1 on rank 1 - 8.0 MiB on "
+            "cuda:1, allocated at test_warm.py:* in test_03_keeps_memory_on_rank1, held by "
+            "test_warm.KEPT[0] (module global)",
         ]
     )
     result.stdout.fnmatch_lines(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpumagic import cuda
-from pytest_cuda.leaks.engine import CudaLeakError, no_cuda_leak
+from pytest_cuda.leaks.block import CudaLeakError, no_cuda_leak
 
 pytestmark = pytest.mark.cuda
 

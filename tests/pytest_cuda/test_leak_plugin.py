@@ -625,7 +625,7 @@ def test_no_cuda_leak_as_import_and_as_fixture(
     result.stdout.fnmatch_lines(
         [
             ">       with imported():",
-            "E       pytest_cuda.leaks.engine.CudaLeakError: CUDA memory leak: the block at "
+            "E       pytest_cuda.CudaLeakError: CUDA memory leak: the block at "
             "test_planted.py:6 left 4.0 KiB on cuda:0 allocated (tolerance 0 B), allocated "
             "at test_planted.py:7 in test_imported, held by test_planted.KEEP[0] (module global)",
         ]

@@ -39,6 +39,7 @@ def _check_schema(document: dict[str, Any]) -> None:
     for row in document["tests"]:
         assert set(row) == {
             "nodeid",
+            "rank",
             "verdict",
             "mode",
             "tolerance",
@@ -75,6 +76,7 @@ def test_the_json_report_lists_every_checked_test(
     leak = rows["test_planted.py::test_leaks"]
     assert leak == {
         "nodeid": "test_planted.py::test_leaks",
+        "rank": None,
         "verdict": "leaked",
         "mode": "fail",
         "tolerance": 0,

@@ -1,4 +1,5 @@
-"""The leak arithmetic of :mod:`pytest_cuda.leaks.engine`, against a small fake allocator."""
+"""The leak arithmetic (:mod:`pytest_cuda.leaks.settle`, :mod:`pytest_cuda.leaks.result`)
+and ``no_cuda_leak`` (:mod:`pytest_cuda.leaks.block`), against a small fake allocator."""
 
 from __future__ import annotations
 
@@ -25,19 +26,10 @@ from gpumagic.stacks import (
     blocks_from_segments,
     group_by_stack,
 )
-from pytest_cuda.leaks import engine as leaks
-from pytest_cuda.leaks.engine import (
-    CudaLeakError,
-    CudaLeakWarning,
-    CudaMemory,
-    LeakResult,
-    Release,
-    SettleStep,
-    growth,
-    no_cuda_leak,
-    parse_leak_settings,
-    settle,
-)
+from pytest_cuda.leaks import result as leaks
+from pytest_cuda.leaks.block import CudaLeakError, CudaLeakWarning, no_cuda_leak
+from pytest_cuda.leaks.result import LeakResult, Release, parse_leak_settings
+from pytest_cuda.leaks.settle import CudaMemory, SettleStep, growth, settle
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

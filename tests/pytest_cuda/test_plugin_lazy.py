@@ -24,6 +24,7 @@ LAZY_MODULES = (
     "gpumagic.cuda",
     "pytest_cuda.leaks.checker",
     "pytest_cuda.leaks.engine",
+    "pytest_cuda.leaks.block",
     "pytest_cuda.sync.checks",
     "pytest_cuda.sync.modes",
     "pytest_cuda.sync.poison",

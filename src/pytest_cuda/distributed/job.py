@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_cuda.distributed.ranks import DistributedSpec
-    from pytest_cuda.leaks.engine import Mode
+    from pytest_cuda.leaks.engine import LeakSettings
 
 __all__ = ["JOB_FILE", "JobRun", "RankJob", "read_job"]
 
@@ -45,8 +45,9 @@ class RankJob:
     spec: DistributedSpec
     #: One device index per rank (empty for a backend on the CPU).
     devices: tuple[int, ...]
-    #: ``(tolerance, mode, trace)`` when the leak check applies to the test, else None.
-    leak: tuple[int, Mode, bool] | None
+    #: How the pytest process checks the test for leaks, for each rank to check itself
+    #: the same way (``None``: the leak check does not apply to it).
+    leak: LeakSettings | None
 
 
 @dataclass(frozen=True)

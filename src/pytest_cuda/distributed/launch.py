@@ -313,6 +313,7 @@ def _outcome(
             stack=stack if waiting else "",
             finished_at=float(record.get("at", ended)) - start,
             leftovers=list(record.get("leftovers", [])),
+            leak=result.get("leak"),
         )
     if stopped:
         started = started_path(folder, rank).exists()

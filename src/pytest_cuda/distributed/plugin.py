@@ -37,12 +37,11 @@ import pytest
 
 from pytest_cuda.distributed.ranks import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
 from pytest_cuda.leaks.plugin import CHECKER_NAME
-from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
     from pytest_cuda.distributed.pool import RankPools
     from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome
-    from pytest_cuda.leaks.engine import Mode
+    from pytest_cuda.leaks.engine import LeakSettings
 
 __all__ = ["PendingRank", "rank_pools"]
 
@@ -143,6 +142,7 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
         outcomes, timed_out = rank_pools(item.config).pool(job).run(job, Path.cwd())
     _add_sections(item, outcomes)
     _warn(item, outcomes)
+    _merge_leaks(item, outcomes)
     result = verdict(
         outcomes, spec, timed_out=timed_out, name=item.name, startup_s=startup_limit(spec)
     )
@@ -187,18 +187,23 @@ def _pickled_call(item: pytest.Function) -> bytes:
     return pickle.dumps((item.obj, kwargs))
 
 
-def _rank_leak_settings(item: pytest.Item) -> tuple[int, Mode, bool] | None:
-    """``(tolerance, mode, trace)`` when the leak check applies to this test (as the
-    checker planned it at setup), else ``None``."""
+def _rank_leak_settings(item: pytest.Item) -> LeakSettings | None:
+    """How the checker planned to check this test (each rank checks itself the same
+    way), or ``None`` when the leak check does not apply to it."""
     if item.config.pluginmanager.get_plugin(CHECKER_NAME) is None:
-        return None  # no checker registered: leak_checker is not even imported
+        return None  # no checker registered: leaks.checker is not even imported
     from pytest_cuda.leaks.checker import checked_for_leaks
 
-    settings = checked_for_leaks(item)
-    if settings is None:
-        return None
-    tolerance, mode = settings
-    return tolerance, mode, settings_of(item.config).leak_trace
+    return checked_for_leaks(item)
+
+
+def _merge_leaks(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
+    """The ranks' leak reports, for the test's own verdict at its teardown."""
+    found = [outcome.leak for outcome in outcomes if outcome.leak is not None]
+    if found:
+        from pytest_cuda.leaks.checker import add_rank_reports
+
+        add_rank_reports(item, found)
 
 
 def _add_sections(item: pytest.Item, outcomes: list[RankOutcome]) -> None:

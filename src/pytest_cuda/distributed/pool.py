@@ -8,7 +8,7 @@ and watches them with :func:`~pytest_cuda.distributed.launch.watch_job`, as fres
 watched. The process group is kept from test to test, and numbered: a new number (a
 new group, under a new prefix of the store) after a test with ``fresh_group=True``,
 for a test whose timeout outlasts the group's, and with new processes. After a test
-that failed, timed out, or whose ranks left state behind, the pool kills its
+that failed, timed out, or whose ranks left state or leaked memory behind, the pool kills its
 processes; the next test starts new ones. :class:`RankPools` holds one session's
 pools (each pytest-xdist worker has its own) and closes them at the session's end.
 """
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
 from pytest_cuda.distributed.launch import (
-    GOOD_ENDS,
     group_timeout,
     kill_all,
     start_rank,
@@ -94,9 +93,7 @@ class RankPool:
             outcomes, timed_out = watch_job(self.procs, folder, job)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        clean = timed_out is None and all(
-            o.state in GOOD_ENDS and not o.leftovers for o in outcomes
-        )
+        clean = timed_out is None and all(o.reusable for o in outcomes)
         if clean:
             self.group_alive = not job.spec.fresh_group
         else:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
-    from pytest_cuda.leaks.engine import NoCudaLeak
+    from pytest_cuda.leaks.engine import LeakCheck
 
 __all__ = [
     "body_path",
@@ -153,8 +153,10 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
 
 def _may_go_on(result: dict[str, Any]) -> bool:
     """Whether a rank may run another test after this result: it ended well and left
-    nothing behind."""
-    return result["state"] in ("passed", "skipped", "xfailed") and not result.get("leftovers")
+    nothing behind, neither state nor leaked memory."""
+    leaked = bool((result.get("leak") or {}).get("leaked"))
+    good = result["state"] in ("passed", "skipped", "xfailed")
+    return good and not result.get("leftovers") and not leaked
 
 
 class _Rank:
@@ -171,10 +173,17 @@ class _Rank:
         self.start = time.monotonic()
         self.joined = False
         self.before: RankState | None = None
-        self.leak_check: NoCudaLeak | None = None
+        self.leak_check: LeakCheck | None = None
         self.warnings: list[warnings.WarningMessage] = []
 
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            if self.leak_check is not None:  # not judged: the test failed
+                self.leak_check.close()
+
+    def _run(self) -> dict[str, Any]:
         result = self._guarded(self._body)
         if result["state"] == "passed" and self.joined:
             _write(body_path(self.folder, self.rank), self._stamped(result))
@@ -271,12 +280,14 @@ class _Rank:
 
             self.before = capture()
         if job.leak is not None:
-            from pytest_cuda.leaks.engine import NoCudaLeak
+            from pytest_cuda.leaks.engine import LeakCheck
 
-            tolerance, mode, trace = job.leak
-            subject = f"{job.name} on rank {rank}"
-            self.leak_check = NoCudaLeak(tolerance, mode, trace, subject=subject)
-            self.leak_check.__enter__()
+            # The same check as the pytest process's, stacks recorded: its stacks are
+            # cut at the test function.
+            code = getattr(getattr(function, "__func__", function), "__code__", None)
+            outermost = (code.co_filename, code.co_name) if code is not None else None
+            self.leak_check = LeakCheck.alone(job.leak, outermost=outermost)
+            self.leak_check.begin()
         started_path(self.folder, rank).touch()
         function(**kwargs)
         del function, kwargs
@@ -321,20 +332,29 @@ class _Rank:
         if leaving:
             self.process.generation = self.process.group = None
             cuda.leave_group()
-        leak: BaseException | None = None
+        result: dict[str, Any] = _left_behind(left) if left else {"state": "passed"}
         if self.leak_check is not None:
-            try:
-                self.leak_check.__exit__(None, None, None)
-            except Exception as exc:
-                leak = exc
-        if left:
-            return _left_behind(left, leak)
-        if leak is not None:
-            raise leak
-        return {"state": "passed"}
+            result["leak"] = self._leak_report(self.leak_check)
+        return result
+
+    def _leak_report(self, check: LeakCheck) -> dict[str, Any]:
+        """The leak check's verdict, as plain data for the pytest process, which judges
+        it with the test's own check (a leak does not fail the rank)."""
+        from pytest_cuda.leaks.report import LeakReport
+
+        settings, self.leak_check = self.job.leak, None
+        assert settings is not None  # a check was begun for it
+        return LeakReport.of(
+            check.finish(),
+            mode=settings.mode,
+            tolerance=settings.tolerance,
+            subject=f"{self.job.name} on rank {self.rank}",
+            root=settings.root,
+            rank=self.rank,
+        ).to_dict()
 
 
-def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]:
+def _left_behind(lines: list[str]) -> dict[str, Any]:
     """The failure of a rank whose test left state behind for the next test."""
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
     details = [
@@ -344,8 +364,6 @@ def _left_behind(lines: list[str], leak: BaseException | None) -> dict[str, Any]
         "process groups it made (dist.destroy_process_group(group)), or mark the test "
         "cuda_distributed(..., isolate=True) to give it fresh rank processes.",
     ]
-    if leak is not None:
-        details += ["", str(leak)]
     return {
         "state": "failed",
         "message": f"left state behind for the next test: {lines[0]}{more}",

@@ -142,9 +142,19 @@ class RankOutcome:
     #: What a skipped or xfailed rank left behind for the next test (its ranks were
     #: replaced), one line each.
     leftovers: list[str] = field(default_factory=list)
+    #: Its leak check's report (:meth:`pytest_cuda.leaks.report.LeakReport.to_dict`),
+    #: when the check applied and the test body ended well.
+    leak: dict[str, Any] | None = None
 
     def label(self) -> str:
         return f"rank {self.rank} ({self.device})"
+
+    @property
+    def reusable(self) -> bool:
+        """It ended well and left nothing behind for the next test: no state, no
+        leaked memory."""
+        leaked = bool(self.leak and self.leak.get("leaked"))
+        return self.state in ("passed", "skipped", "xfailed") and not self.leftovers and not leaked
 
 
 @dataclass(frozen=True)

@@ -5,34 +5,27 @@ Registered by :mod:`pytest_cuda.leaks.plugin` only when ``--cuda-leak-check``,
 carries the ``cuda_leak_check`` marker, so a run that uses none of them never imports
 this module (nor the seam and the leak arithmetic it needs).
 
-When a checked test is measured (this process's caching allocator, per device):
+Each checked test runs one :class:`~pytest_cuda.leaks.engine.LeakCheck`, as
+``no_cuda_leak`` and every rank process do:
 
-* baseline: before its first function-scoped fixture is set up, or at the start of the
-  call when it has none; fixtures of a wider scope set up later (``getfixturevalue``)
-  are not the test's, and their growth is subtracted;
-* end: once the test and its function-scoped fixtures are torn down, before any wider
-  fixture is (its ``pytest_fixture_post_finalizer``), else at the end of teardown;
-* a test whose reading did not grow is clean (a few µs). Otherwise the failed test's
-  frames and its fixture values, which pytest drops right after teardown anyway, are
-  released (refcounting frees them at once), and :func:`pytest_cuda.leaks.engine.settle`
-  decides: garbage collection and the library caches only for what is still there.
-  The collection walks only what the test made (:class:`pytest_cuda.leaks.heap.TestHeap`
-  froze the older heap at the baseline), so it costs the test's size, not the process's;
-* what is still there is attributed from the run itself: the live blocks allocated
-  since the baseline (torch's allocator records their stacks while checks run,
-  :class:`pytest_cuda.leaks.stacks.StackRecording`), the line that allocated them, and
-  the holder of their tensors (the walk stops after the ``cuda_leak_holder_search``
-  ini value, 0.3 s, unless ``--cuda-leak-trace``). When the walk proves every holder
-  alive (a module's global, a fixture's value), the leak is certain; otherwise one
-  collection of the whole heap decides, so garbage that older objects take part in is
-  never called a leak.
+* it begins before the test's first function-scoped fixture is set up, or at the start
+  of the call when it has none; fixtures of a wider scope set up later
+  (``getfixturevalue``) are not the test's, and their growth is subtracted;
+* it finishes once the test and its function-scoped fixtures are torn down, before any
+  wider fixture is (its ``pytest_fixture_post_finalizer``), else at the end of
+  teardown; what pytest still holds of the test (its fixture values, a failure's
+  frames, :mod:`pytest_cuda.leaks.remains`) is dropped first, only when memory grew;
+* at the teardown the verdict takes in what the test's ranks sent back (a
+  ``cuda_distributed`` test), each report goes through the ``pytest_cuda_leak_report``
+  hooks, and a leak fails the teardown (``LEAKED``) or warns.
+
+The holder search stops after the ``cuda_leak_holder_search`` ini value (0.3 s)
+unless ``--cuda-leak-trace``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -40,34 +33,34 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpumagic import cuda
-from pytest_cuda.leaks.engine import (
-    FULL_COLLECTION,
-    CudaLeakWarning,
-    CudaMemory,
-    LeakResult,
-    MemorySource,
-    Mode,
-    SettleStep,
-    growth,
-    kept_by_library,
-    parse_leak_settings,
-    settle,
+from gpumagic.units import format_bytes
+from pytest_cuda.leaks.engine import TRACEBACK_STEP, LeakCheck, LeakSettings
+from pytest_cuda.leaks.peaks import peaks_since, reset_peaks
+from pytest_cuda.leaks.remains import drop_failure, release_test_references
+from pytest_cuda.leaks.report import (
+    MARKER,
+    REPORT_LEAKS,
+    REPORT_PEAK,
+    LeakReport,
+    junit_properties,
 )
-from pytest_cuda.leaks.heap import TestHeap
-from pytest_cuda.leaks.report import MARKER, REPORT_LEAK, REPORT_PEAK, LeakReport
 from pytest_cuda.leaks.rerun import ENV_OUT, rerun_alone, write_reports
-from pytest_cuda.leaks.stacks import StackRecording, attribute
+from pytest_cuda.leaks.result import CudaLeakWarning, LeakResult, parse_leak_settings
+from pytest_cuda.leaks.settle import CudaMemory, growth, kept_by_library
+from pytest_cuda.leaks.stacks import StackRecording
 from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Sequence
-    from types import TracebackType
+    from collections.abc import Generator, Iterable
 
-__all__ = ["LeakChecker", "checked_for_leaks", "cuda_leak_check"]
+__all__ = [
+    "LeakChecker",
+    "add_rank_reports",
+    "checked_for_leaks",
+    "cuda_leak_check",
+]
 
 SECTION = "CUDA memory leak"
-#: The settle step that collects the whole heap, older objects included.
-WHOLE_HEAP = "garbage collection (the whole heap)"
 
 
 @dataclass
@@ -75,11 +68,10 @@ class _Check:
     """One test's measurement, kept in its stash from setup to its teardown report."""
 
     item: pytest.Item
-    tolerance: int
-    mode: Mode
+    settings: LeakSettings
     leaks: bool
-    first: dict[int, int] | None = None
-    start_us: int = 0
+    engine: LeakCheck | None = None
+    began: bool = False
     ran: bool = False
     held: dict[int, int] = field(default_factory=dict)
     tearing_down: bool = False
@@ -88,7 +80,10 @@ class _Check:
     result: LeakResult | None = None
     peak: list[list[int]] | None = None
     failure: str | None = None
-    raised: bool = False
+    #: What its ranks' checks sent back (a ``cuda_distributed`` test).
+    ranks: list[LeakReport] = field(default_factory=list)
+    #: Every check's report, as the ``pytest_cuda_leak_report`` hooks left them.
+    reports: list[LeakReport] = field(default_factory=list)
 
 
 _CHECK = pytest.StashKey[_Check]()
@@ -111,7 +106,6 @@ class LeakChecker:
         self.search_s = settings.holder_search_s
         # Stacks of live blocks are recorded whenever a test may be checked for leaks.
         self.recording = StackRecording() if leaks else None
-        self.heap = TestHeap()
         self.source = CudaMemory(reset_caches=settings.leak_reset_caches)
         self.tolerance = settings.leak_tolerance
         self.root = str(config.rootpath)
@@ -134,14 +128,13 @@ class LeakChecker:
         imported for that, only when CUDA is usable here)."""
         if self.recording is None:
             return
-        if cuda.is_initialized():
-            self.recording.ensure()
-        elif cuda.status().available:
+        if not cuda.is_initialized() and cuda.status().available:
             cuda.start_torch()
-            self.recording.ensure_at_init()
+        self.recording.arm()
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self.heap.thaw()
+        if self._current is not None and self._current.engine is not None:
+            self._current.engine.close()
         if self.recording is not None:
             self.recording.close()
         if self.reports is not None:
@@ -191,10 +184,10 @@ class LeakChecker:
         if check is None:
             return (yield)
         if fixturedef.scope == "function":
-            if check.first is None:
+            if not check.began:
                 self._begin(check)
             return (yield)
-        if check.first is None:
+        if not check.began:
             # Set up before the test's own fixtures: part of its surroundings.
             return (yield)
         before = self.source.read()
@@ -209,11 +202,11 @@ class LeakChecker:
         check = self._current
         if check is None or check.item is not item:
             return (yield)
-        if check.first is None:
+        if not check.began:
             self._begin(check)
         check.ran = True
         if self.peaks:
-            check.start_stats = _reset_peaks()
+            check.start_stats = reset_peaks()
         return (yield)
 
     def pytest_fixture_post_finalizer(
@@ -237,6 +230,7 @@ class LeakChecker:
         finally:
             self._current = None
             self._finish(check)
+            self._collect(check)
         self._verdict(check)
         return outcome
 
@@ -261,198 +255,149 @@ class LeakChecker:
         if marker is None:
             if not (self.everywhere or self.peaks):
                 return None
-            return _Check(item, self.tolerance, "fail", leaks=self.everywhere)
+            return _Check(item, self._settings(self.tolerance, "fail"), leaks=self.everywhere)
         tolerance, mode = cuda_leak_check(*marker.args, **marker.kwargs)
         tolerance, mode = parse_leak_settings(
             self.tolerance if tolerance is None else tolerance, mode, where=MARKER
         )
         if mode == "off" and not self.peaks:
             return None
-        return _Check(item, tolerance, mode, leaks=mode != "off")
+        return _Check(item, self._settings(tolerance, mode), leaks=mode != "off")
+
+    def _settings(self, tolerance: int, mode: Any) -> LeakSettings:
+        return LeakSettings(
+            tolerance, mode, self.search_s, reset_caches=self.source.reset_caches, root=self.root
+        )
 
     def _begin(self, check: _Check) -> None:
-        if self.recording is not None and check.leaks:
-            self.recording.ensure()
-            self.heap.begin()
-        check.start_us = time.time_ns() // 1000
-        check.first = self.source.read()
+        check.began = True
+        if check.leaks:
+            check.engine = LeakCheck(
+                check.settings.tolerance,
+                self.source,
+                self.recording,
+                search_s=self.search_s,
+                outermost=_test_function(check.item),
+            )
+            check.engine.begin()
 
     def _finish(self, check: _Check) -> None:
         if check.done:
             return
         check.done = True
+        engine = check.engine
         try:
             if check.ran:  # else setup failed or skipped: the test never ran
                 self._measure(check)
         except Exception as exc:  # a bug here must not hide the test's own outcome
             check.failure = f"{type(exc).__name__}: {exc}"
         finally:
-            self.heap.thaw()
+            if engine is not None:
+                engine.close()
 
     def _measure(self, check: _Check) -> None:
-        end = self.source.read()
         if self.peaks:
-            check.peak = _peaks(check.start_stats, end)
-        if not check.leaks:
+            check.peak = peaks_since(check.start_stats, self.source.read())
+        if check.engine is None:
             return
-        baseline = check.first or {}
-        if _within(check, baseline, end):
-            return
-        # Usually the function-scoped fixtures' values: freed at once by refcount, and
-        # the test is as clean as one that never grew.
-        _release_test_references(check.item)
-        end = self.source.read()
-        if _within(check, baseline, end):
-            return
-        # The collection walks only what the test made where the older heap is frozen;
-        # else (the collector is off, or the user froze objects first) it would walk
-        # the whole heap, so it waits until the walk has not proven the leak alive, as
-        # a collection of the older objects does.
-        source = self.source if self.heap.frozen else _without(self.source, FULL_COLLECTION)
-        result = settle(baseline, source, check.tolerance, held=check.held, after=end)
-        if not result.clean:
-            # Where the test's own tensors are: among the objects it made. Only the
-            # tensors are kept: the list of every young object would be one more
-            # referrer of each, for the walk to go through.
-            young = self.heap.young_objects()
-            tensors = None if young is None else cuda.tensors_among(young)
-            del young
-            # The walk goes up among them first, and thaws before it scans the whole
-            # heap (the first step that needs to).
-            result = self._stacks(check, result, tensors)
-            self.heap.thaw()
-            del tensors
-            if not (result.holders is not None and result.holders.alive):
-                result = self._collect_whole_heap(check, result)
-        if not result.clean:
-            result = kept_by_library(result)
+        item = check.item
+        result = check.engine.finish(
+            held=check.held,
+            release=lambda: release_test_references(item),
+            drop_failure=lambda: drop_failure(item),
+        )
         if not result.clean and self.reruns_left > 0:
             self.reruns_left -= 1
-            result = replace(result, rerun=rerun_alone(self.config, check.item.nodeid))
+            result = kept_by_library(replace(result, rerun=rerun_alone(self.config, item.nodeid)))
         check.result = result
 
-    def _collect_whole_heap(self, check: _Check, result: LeakResult) -> LeakResult:
-        """Garbage that objects older than the test take part in is freed only by a
-        collection of the whole heap: run it unless the walk proved the leak alive."""
-        step = SettleStep(WHOLE_HEAP, self.heap.collect_everything)
-        again = settle(
-            check.first or {}, _Steps(self.source, (step,)), check.tolerance, held=check.held
-        )
-        released = (*result.released, *again.released)
-        if again.clean:
-            return replace(again, released=released)
-        if again.leaked == result.leaked:
-            return replace(result, released=released)
-        # Part of it was garbage: attribute what is left.
-        return replace(self._stacks(check, again, None), released=released)
-
-    def _stacks(
-        self, check: _Check, result: LeakResult, objects: Sequence[object] | None
-    ) -> LeakResult:
-        if self.recording is None:
-            return result
-        if not cuda.memory_history_enabled():
-            return replace(
-                result,
-                stack_note="Stacks not recorded: allocation-stack recording was off "
-                "(switched off by the test?).",
-            )
-        stacks, holders = attribute(
-            check.start_us,
-            result.leaked,
-            _test_function(check.item),
-            objects=objects,
-            budget_s=self.search_s,
-            frozen_before=self.heap.frozen_before,
-            # Still frozen: the walk goes up among the test's objects first.
-            thaw=self.heap.thaw if self.heap.frozen else None,
-        )
-        return replace(result, stacks=stacks, holders=holders)
+    def _collect(self, check: _Check) -> None:
+        """The test's checks' reports, its own and its ranks', through the
+        ``pytest_cuda_leak_report`` hooks."""
+        found = [] if check.failure is not None else self._own_report(check)
+        check.reports = [self._hooked(check.item, r) for r in (*found, *check.ranks)]
 
     def _verdict(self, check: _Check) -> None:
+        """A leak fails the teardown (``LEAKED``), or warns."""
+        check.reports = [
+            replace(r, failed_by_leak=bool(r.leaked) and r.mode == "fail") for r in check.reports
+        ]
+        path, line, _ = check.item.location
+        for report in check.reports:
+            if report.leaked and report.mode == "warn":
+                # Reported at the test, not at this hook.
+                text = CudaLeakWarning(f"{report.summary}\n{report.details}")
+                warnings.warn_explicit(text, CudaLeakWarning, path, (line or 0) + 1)
+        lines = [r.summary for r in check.reports if r.failed_by_leak]
         if check.failure is not None:
-            pytest.fail(
+            lines.insert(
+                0,
                 f"the CUDA leak check of {check.item.nodeid} could not measure: {check.failure}",
-                pytrace=False,
             )
-        result = check.result
-        if result is None or result.clean:
-            return
-        subject = _subject(check.item)
-        if check.mode == "warn":
-            text = f"{result.summary(subject, self.root)}\n{result.details(subject, self.root)}"
-            path, line, _ = check.item.location
-            # Reported at the test, not at this hook.
-            warnings.warn_explicit(CudaLeakWarning(text), CudaLeakWarning, path, (line or 0) + 1)
-            return
-        check.raised = True
-        pytest.fail(result.summary(subject, self.root), pytrace=False)
+        if lines:
+            pytest.fail("\n".join(lines), pytrace=False)
+
+    def _own_report(self, check: _Check) -> list[LeakReport]:
+        if not (check.leaks and check.ran):
+            return []  # not checked, or never ran
+        settings = check.settings
+        report = LeakReport.of(
+            check.result,
+            mode=settings.mode,
+            tolerance=settings.tolerance,
+            subject=check.item.name,
+            root=self.root,
+        )
+        return [report]
+
+    def _hooked(self, item: pytest.Item, report: LeakReport) -> LeakReport:
+        found = item.ihook.pytest_cuda_leak_report(report=report, item=item)
+        return found if isinstance(found, LeakReport) else report
 
     def _annotate(self, report: pytest.TestReport, check: _Check) -> None:
         if check.peak:
             setattr(report, REPORT_PEAK, check.peak)
-        if not (check.leaks and check.ran) or check.failure is not None:
+        if not check.reports:
             return  # not checked, never ran, or could not be measured (an error says so)
-        result = check.result
-        if result is None:  # nothing grew
-            leak = LeakReport(check.mode, (), (), tolerance=check.tolerance)
-        else:
-            leak = LeakReport(
-                mode=check.mode,
-                leaked=tuple(sorted(result.leaked.items())),
-                kept=tuple(
-                    (step, tuple((d, b) for d, b in sorted(freed.items()) if b > 0))
-                    for step, freed in result.kept_by_libraries()
-                ),
-                details=result.details(_subject(check.item), self.root) if result.leaked else "",
-                top=result.top_frame(self.root) or (result.rerun.top if result.rerun else None),
-                failed_by_leak=check.raised,
-                holder=result.holder() or (result.rerun.holder if result.rerun else None),
-                tolerance=check.tolerance,
-            )
-        data = leak.to_dict()
-        setattr(report, REPORT_LEAK, data)
+        data = [leak.to_dict() for leak in check.reports]
+        setattr(report, REPORT_LEAKS, data)
         # JUnit XML properties: junitxml writes a test's at its teardown report.
-        report.user_properties.extend(leak.properties())
+        report.user_properties.extend(junit_properties(check.reports))
         if self.reports is not None:
-            self.reports[check.item.nodeid] = data
-        if leak.leaked:
-            report.sections.append((SECTION, leak.details))
+            self.reports[check.item.nodeid] = data[0]
+        for leak in check.reports:
+            rank = "" if leak.rank is None else f" (rank {leak.rank})"
+            if leak.leaked:
+                report.sections.append((SECTION + rank, leak.details))
+            for step, freed in leak.kept:
+                if step.startswith(TRACEBACK_STEP):
+                    # Shown with the test's failure (a section named for the teardown).
+                    report.sections.append(
+                        (f"{SECTION} check{rank}: teardown", _traceback_note(step, freed))
+                    )
 
 
-@dataclass(frozen=True)
-class _Steps:
-    """A source read as ``source`` is, settled by ``steps`` alone."""
-
-    source: MemorySource
-    steps: tuple[SettleStep, ...]
-
-    def read(self) -> dict[int, int]:
-        return self.source.read()
-
-    def settle_steps(self) -> Sequence[SettleStep]:
-        return self.steps
-
-
-def _without(source: MemorySource, name: str) -> MemorySource:
-    """``source`` with its settle step ``name`` left out."""
-    return _Steps(source, tuple(s for s in source.settle_steps() if s.name != name))
-
-
-def checked_for_leaks(item: pytest.Item) -> tuple[int, Mode] | None:
-    """The tolerance and mode the checker measures ``item`` with (planned at its setup),
-    ``None`` when the test is not checked for leaks."""
+def add_rank_reports(item: pytest.Item, reports: Iterable[dict[str, Any]]) -> None:
+    """What the ranks' checks of ``item`` sent back (:meth:`LeakReport.to_dict`), for its
+    teardown's verdict with its own check."""
     check = item.stash.get(_CHECK, None)
-    return (check.tolerance, check.mode) if check is not None and check.leaks else None
+    if check is not None:
+        check.ranks += [LeakReport.from_dict(data) for data in reports]
 
 
-def _within(check: _Check, baseline: dict[int, int], reading: dict[int, int]) -> bool:
-    """No device grew past the test's tolerance between ``baseline`` and ``reading``."""
-    return all(g <= check.tolerance for g in growth(baseline, reading, check.held).values())
+def _traceback_note(step: str, freed: tuple[tuple[int, int], ...]) -> str:
+    amounts = ", ".join(f"{format_bytes(b)} on cuda:{d}" for d, b in freed)
+    return (
+        f"{amounts} {step}: released with it, so not a leak (pytest keeps a failed "
+        "test's traceback until the next test runs)."
+    )
 
 
-def _subject(item: pytest.Item) -> str:
-    return item.name
+def checked_for_leaks(item: pytest.Item) -> LeakSettings | None:
+    """How the checker checks ``item`` for leaks (planned at its setup), ``None`` when
+    the test is not checked for leaks."""
+    check = item.stash.get(_CHECK, None)
+    return check.settings if check is not None and check.leaks else None
 
 
 def _test_function(item: pytest.Item) -> tuple[str, str] | None:
@@ -460,56 +405,3 @@ def _test_function(item: pytest.Item) -> tuple[str, str] | None:
     function = getattr(item, "function", None)
     code = getattr(function, "__code__", None)
     return (code.co_filename, code.co_name) if code is not None else None
-
-
-def _release_test_references(item: pytest.Item) -> None:
-    """Drop what pytest still holds of the test before it would itself: the failed
-    test's frames (``sys.last_traceback``, kept for ``pdb.pm()``) and the fixture values
-    (``item.funcargs``, dropped right after this teardown). Only called when a test's
-    memory grew, so a normal run keeps both untouched."""
-    seen: set[int] = set()
-    exc: BaseException | None = getattr(sys, "last_value", None)
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        _clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__
-    _clear_frames(getattr(sys, "last_traceback", None))
-    if getattr(item, "funcargs", None):
-        item.funcargs = {}  # type: ignore[attr-defined]
-
-
-def _clear_frames(tb: TracebackType | None) -> None:
-    while tb is not None:
-        frame = tb.tb_frame
-        try:
-            frame.clear()
-        except RuntimeError:  # still running
-            pass
-        else:
-            # Before Python 3.13 a frame keeps the snapshot dict ``f_locals`` made for
-            # the traceback's display; reading it again drops the cleared names.
-            frame.f_locals  # noqa: B018
-        tb = tb.tb_next
-
-
-def _reset_peaks() -> dict[int, cuda.AllocatorStats]:
-    if not cuda.is_initialized():
-        return {}
-    stats = {}
-    for device in range(cuda.visible_device_total()):
-        cuda.reset_peak_memory_stats(device)
-        stats[device] = cuda.allocator_stats(device)
-    return stats
-
-
-def _peaks(start: dict[int, cuda.AllocatorStats], end: dict[int, int]) -> list[list[int]]:
-    """``[[device, peak bytes, bytes at the start of the call]]`` for the devices the test
-    allocated on (its allocation count moved)."""
-    found = []
-    for device in end:
-        stats = cuda.allocator_stats(device)
-        before = start.get(device)
-        if before is not None and stats.allocations == before.allocations:
-            continue
-        found.append([device, stats.peak_allocated, before.allocated if before else 0])
-    return found

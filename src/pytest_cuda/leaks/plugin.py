@@ -28,10 +28,10 @@ import pytest
 from pytest_cuda.collection import marker_names
 from pytest_cuda.leaks.report import (
     MARKER,
-    REPORT_LEAK,
+    REPORT_LEAKS,
     REPORT_PEAK,
     json_report,
-    leak_report,
+    leak_reports,
     peaks,
 )
 from pytest_cuda.settings import settings_of
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from _pytest.terminal import TerminalReporter
 
-    from pytest_cuda.leaks.engine import NoCudaLeak
+    from pytest_cuda.leaks.block import NoCudaLeak
 
 __all__ = ["CHECKER_NAME"]
 
@@ -111,7 +111,7 @@ def no_cuda_leak() -> Callable[..., NoCudaLeak]:
     block leaves no CUDA memory allocated (the same as ``from pytest_cuda import
     no_cuda_leak``): a leak fails the test with the amounts per device and, with
     ``trace``, the lines that allocated the blocks still alive."""
-    from pytest_cuda.leaks.engine import no_cuda_leak as factory
+    from pytest_cuda.leaks.block import no_cuda_leak as factory
 
     return factory
 
@@ -129,9 +129,7 @@ class LeakOutcome:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.path is not None and report.when == "teardown":
-            leak = leak_report(report)
-            if leak is not None:
-                self.rows.append(leak.row(report.nodeid))
+            self.rows += [leak.row(report.nodeid) for leak in leak_reports(report)]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.path is None:
@@ -161,8 +159,8 @@ class LeakOutcome:
     def pytest_report_teststatus(
         self, report: pytest.TestReport
     ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
-        leak = leak_report(report)
-        if report.when == "teardown" and leak and leak.failed_by_leak and report.failed:
+        leaked = report.when == "teardown" and report.failed
+        if leaked and any(leak.failed_by_leak for leak in leak_reports(report)):
             return "leaked", "L", ("LEAKED", {"red": True})
         return None
 
@@ -175,7 +173,7 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
         for found in terminalreporter.stats.values()
         for r in found
         if getattr(r, "when", None) == "teardown"
-        and (hasattr(r, REPORT_LEAK) or hasattr(r, REPORT_PEAK))
+        and (hasattr(r, REPORT_LEAKS) or hasattr(r, REPORT_PEAK))
     ]
     if not reports:
         return
@@ -194,7 +192,7 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
 
 
 def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:
-    leaking = [(r, leak) for r in reports if (leak := leak_report(r)) is not None and leak.leaked]
+    leaking = [(r, leak) for r in reports for leak in leak_reports(r) if leak.leaked]
     if not leaking:
         return
     from gpumagic.units import format_bytes
@@ -202,7 +200,7 @@ def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> 
     tr.write_sep("=", "CUDA memory leaks", red=True)
     for report, leak in leaking:
         if leak.mode == "fail":
-            tr.write_sep("_", report.nodeid, red=True)
+            tr.write_sep("_", leak.where(report.nodeid), red=True)
             tr.write_line(leak.details)
     if any(leak.mode == "fail" for _, leak in leaking):
         tr.write_sep("-", "leaking tests")
@@ -211,7 +209,7 @@ def _summarize_leaks(tr: TerminalReporter, reports: list[pytest.TestReport]) -> 
         label = "LEAKED" if leak.mode == "fail" else "WARNED"
         where = f", allocated at {leak.top}" if leak.top else ""
         held = f", held by {leak.holder}" if leak.holder else ""
-        tr.write_line(f"{label} {report.nodeid} - {amounts}{where}{held}")
+        tr.write_line(f"{label} {leak.where(report.nodeid)} - {amounts}{where}{held}")
 
 
 def _summarize_totals(
@@ -220,12 +218,12 @@ def _summarize_totals(
     """One line over every checked test, workers' included: how many, and what came of
     them (pytest-xdist's controller sees its workers' reports); ``written``: the
     ``--cuda-leak-report`` file, once written."""
-    found = [leak for r in reports if (leak := leak_report(r)) is not None]
-    if not found:
+    rows = [leak.row(r.nodeid) for r in reports for leak in leak_reports(r)]
+    if not rows:
         return
     from gpumagic.units import format_bytes
 
-    document = json_report([leak.row("") for leak in found])["summary"]
+    document = json_report(rows)["summary"]
     parts = [f"{document[v]} {v}" for v in ("leaked", "warned", "kept") if document[v]]
     amounts = ", ".join(f"{format_bytes(b)} on {d}" for d, b in document["leaked_bytes"].items())
     checked = document["checked"]
@@ -236,18 +234,18 @@ def _summarize_totals(
 
 
 def _summarize_kept(tr: TerminalReporter, reports: list[pytest.TestReport]) -> None:
-    kept = [(r, leak.kept) for r in reports if (leak := leak_report(r)) is not None and leak.kept]
+    kept = [(r, leak) for r in reports for leak in leak_reports(r) if leak.kept]
     if not kept:
         return
     from gpumagic.units import format_bytes
 
     tr.write_sep("-", "CUDA memory released before judging (kept by design, not leaks)")
-    for report, steps in kept:
+    for report, leak in kept:
         parts = "; ".join(
             f"{step}: " + ", ".join(f"{format_bytes(b)} on cuda:{d}" for d, b in freed)
-            for step, freed in steps
+            for step, freed in leak.kept
         )
-        tr.write_line(f"{report.nodeid} - {parts}")
+        tr.write_line(f"{leak.where(report.nodeid)} - {parts}")
 
 
 def _summarize_peaks(tr: TerminalReporter, reports: list[pytest.TestReport], count: int) -> None:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_cuda.child import child_argv_for, child_env, write_nodeids
-from pytest_cuda.leaks.engine import LIBRARY_STEP, Rerun
 from pytest_cuda.leaks.report import LeakReport
+from pytest_cuda.leaks.result import Rerun
+from pytest_cuda.leaks.settle import LIBRARY_STEP
 
 if TYPE_CHECKING:
     import pytest

@@ -39,16 +39,35 @@ HISTORY_MAX_ENTRIES = 50_000
 
 class StackRecording:
     """Allocation-stack recording for leak checks: switched on only where it was off,
-    switched back off by :meth:`close`; the user's own recording is never touched."""
+    switched back off by :meth:`close`; the user's own recording is never touched.
+
+    Switching it on never raises (it may run inside torch's lazy initialisation, the
+    user's first CUDA call): a failure is kept in :attr:`error`, and :meth:`why_off`
+    says it in the report of a check that found no stacks."""
 
     def __init__(self) -> None:
         self.owned = False
+        #: Why switching recording on failed (``"RuntimeError: ..."``), if it did.
+        self.error: str | None = None
+        #: Switched on, or queued for CUDA's initialisation, at least once.
+        self.armed = False
+        self._queued = False
         self._closed = False
+
+    def arm(self) -> None:
+        """Recording on now if CUDA is initialised, else queued (once) for the moment
+        torch initialises it."""
+        if cuda.is_initialized():
+            self.ensure()
+        elif not self._queued:
+            self._queued = self.ensure_at_init()
+            self.armed = self.armed or self._queued
 
     def ensure(self) -> None:
         """Recording on now, if CUDA is initialised (it creates no context)."""
         if not self._closed and cuda.is_initialized():
-            self.owned = self._start() or self.owned
+            self.armed = True
+            self._switch_on()
 
     def ensure_at_init(self) -> bool:
         """Recording on now, or as soon as torch initialises CUDA; ``False`` when torch
@@ -63,15 +82,33 @@ class StackRecording:
             skip_actions=("free_requested", "free_completed"),
         )
 
-    def _at_init(self) -> None:
-        # Runs inside torch's lazy initialisation: an exception here would break the
-        # user's first CUDA call, so a failure only means no stacks.
-        if self._closed:
-            return
+    def _switch_on(self) -> None:
         try:
             self.owned = self._start() or self.owned
-        except Exception:
-            return
+        except Exception as exc:  # kept for the report: see why_off
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _at_init(self) -> None:
+        # Runs inside torch's lazy initialisation: an exception here would break the
+        # user's first CUDA call.
+        if not self._closed:
+            self._switch_on()
+
+    def why_off(self) -> str:
+        """Why a check found recording off at its end, for its report."""
+        if self.error is not None:
+            return (
+                f"Stacks not recorded: switching on allocation-stack recording failed: {self.error}"
+            )
+        if not self.armed:
+            return (
+                "Stacks not recorded: CUDA was first used before torch was imported, too "
+                "late to switch recording on; import torch before the check begins."
+            )
+        return (
+            "Stacks not recorded: allocation-stack recording was off at the end of the "
+            "check (switched off by the code under check?)."
+        )
 
     def close(self) -> None:
         self._closed = True

@@ -8,7 +8,9 @@ class attribute, a ``functools.lru_cache`` (saying when its keys hold test insta
 a closure cell, a pytest fixture's value, or a library's global ("library cache": by
 design, not the user's leak). Tensors an
 autograd graph saved are found from the graph's owner (``loss.grad_fn._saved_*``).
-Objects :func:`gc.freeze` hid from the walk up are searched *down* from the modules.
+Objects :func:`gc.freeze` hid from the walk up are searched *down* from the modules
+(:mod:`pytest_cuda.leaks.walk.down`); each step is named by
+:mod:`pytest_cuda.leaks.walk.follow`.
 What no Python object reaches is said to be so.
 
 Pure Python over objects it is given: no torch import, no CUDA call (tensor facts come
@@ -18,7 +20,6 @@ from a function passed in; which tensors own autograd graphs, from the seam's
 
 from __future__ import annotations
 
-import functools
 import gc
 import sys
 import types
@@ -27,16 +28,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
+from pytest_cuda.leaks.walk.down import walk_down
+from pytest_cuda.leaks.walk.follow import LIBRARY, follow
 from pytest_cuda.leaks.walk.graphs import Saved, saved_tensors
-from pytest_cuda.leaks.walk.paths import key_of, referents, render, step_between
-from pytest_cuda.leaks.walk.roots import (
-    closure_owner,
-    fixture_name,
-    is_library,
-    is_test_instance,
-    named_by_module,
-    test_instances_in_keys,
-)
+from pytest_cuda.leaks.walk.paths import referents
 from pytest_cuda.leaks.walk.state import Boundary, Budget, Node, Target, end_path, ended
 from pytest_cuda.leaks.walk.young import young_referrers
 
@@ -59,8 +54,6 @@ __all__ = [
     "holder_order",
 ]
 
-#: The kind of a holder that is a library's cache, kept by design.
-LIBRARY = "library cache"
 #: The kind of a path that starts at an object no Python object refers to.
 OUTSIDE = "no Python root: C++ holds where the path starts"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
@@ -203,8 +196,9 @@ def _search_frozen(
     covered: Callable[[], bool] | None,
     frozen_before: int | None,
 ) -> int:
-    """Search what :func:`gc.freeze` hid from the walk up (:func:`_walk_down`) where it
-    may matter; how many objects stayed unsearched (0: none)."""
+    """Search what :func:`gc.freeze` hid from the walk up
+    (:func:`~pytest_cuda.leaks.walk.down.walk_down`) where it may matter; how many
+    objects stayed unsearched (0: none)."""
     frozen = gc.get_freeze_count()
     unplaced = any(not t.path for t in targets.values())
     unshown = not covered() if covered is not None else not targets
@@ -214,7 +208,7 @@ def _search_frozen(
     unshown = unshown and later
     if not frozen or not (unplaced or unshown) or not (later or budget.seconds is None):
         return 0
-    return 0 if _walk_down(targets, facts, budget, unshown) else frozen
+    return 0 if walk_down(targets, facts, budget, unshown) else frozen
 
 
 def holder_order(holder: LeakHolder) -> tuple[int, int, str]:
@@ -366,7 +360,7 @@ def _step_up(
             for node in by_id[id(child)]:
                 if node.target.path:
                     continue
-                step = _follow(ref, child, node, modules, budget)
+                step = follow(ref, child, node, modules, budget)
                 # A root ends a path however often it is met; an object in between is
                 # walked from once per target.
                 if step is not None and (id(ref), id(node.target)) not in seen:
@@ -375,154 +369,11 @@ def _step_up(
     return following, held
 
 
-def _walk_down(
-    targets: dict[tuple[str, int], Target], facts: Facts, budget: Budget, unshown: bool
-) -> bool:
-    """From every module's namespace down the references (:func:`referents`),
-    breadth first, to the leaked tensors the walk up did not reach (objects frozen by
-    :func:`gc.freeze` are invisible to :func:`gc.get_referrers`, not to this walk); with
-    ``unshown``, every object is asked (``facts``) whether it is a leaked tensor too. A
-    path found is named by the walk up's rules (:func:`_follow`). ``False`` when its
-    time ran out before it found everything or went through the whole heap."""
-    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    pending = {id(obj): t for t in targets.values() if not t.path for obj in (t.obj, *t.others)}
-    parent: dict[int, object] = {}  # id(object) -> the object it was reached from
-    layer: list[object] = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and id(namespace) not in parent:
-            parent[id(namespace)] = None
-            layer.append(namespace)
-    own = {id(parent), id(layer), id(targets), id(pending)}
-    while layer:
-        following: list[object] = []
-        own.add(id(following))
-        for obj in layer:
-            if budget.spent():
-                return False
-            try:
-                children = referents(obj)
-            except Exception:
-                continue
-            for child in children:
-                if id(child) in parent or id(child) in own:
-                    continue
-                parent[id(child)] = obj
-                target = pending.pop(id(child), None)
-                if target is None and unshown and not isinstance(child, type | types.ModuleType):
-                    try:
-                        fact = facts(child)
-                    except Exception:
-                        fact = None
-                    if fact is not None and fact[0] not in targets:
-                        target = targets[fact[0]] = Target(child, fact[0], fact[1], fact[2])
-                if target is not None:
-                    _place(target, child, parent, modules, budget)
-                    if not unshown and all(t.path for t in pending.values()):
-                        return True
-                if gc.is_tracked(child):
-                    following.append(child)
-        layer = following
-    return True
-
-
-def _place(
-    target: Target,
-    found: object,
-    parent: dict[int, object],
-    modules: dict[int, str],
-    budget: Budget,
-) -> None:
-    """Name the path the walk down found to ``found`` (a tensor of ``target``), by
-    following it back up as the walk up would have."""
-    node: Node | None = Node(found, [], target)
-    while node is not None and not target.path:
-        ref = parent.get(id(node.obj))
-        if ref is None:
-            return
-        node = _follow(ref, node.obj, node, modules, budget)
-
-
 def _children_in(ref: object, by_id: dict[int, list[Node]]) -> list[object]:
     try:
         return [child for child in referents(ref) if id(child) in by_id]
     except Exception:
         return []
-
-
-def _follow(
-    ref: object, child: object, node: Node, modules: dict[int, str], budget: Budget
-) -> Node | None:
-    """``ref`` refers to ``child`` (a node of the walk): a root (recorded on the node's
-    target), or the next node up, or ``None`` for a link the walk does not follow."""
-    target = node.target
-    through = set(node.through)
-    if is_test_instance(child):
-        through.add(type(child).__qualname__)
-    note = _through_note(through)
-    if isinstance(ref, dict) and id(ref) in modules:
-        module = modules[id(ref)]
-        key = key_of(ref, child)
-        path = render(module, [("attr", key), *node.steps])
-        kind = LIBRARY if is_library(module) else "module global"
-        _root(target, path, kind, note, alive=True)
-        return None
-    if isinstance(ref, functools._lru_cache_wrapper):
-        name = f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
-        keyed = test_instances_in_keys(ref)
-        if keyed:
-            through.update(keyed)
-            note = _through_note(through) + (
-                f"; its keys hold {', '.join(sorted(keyed))} instances, so the cache keeps "
-                "each test instance and what it holds"
-            )
-        kind = LIBRARY if is_library(name) else "functools.lru_cache"
-        # A bounded cache holds results in its own links (one step); functools.cache
-        # in a dict, whose key step the walk already has.
-        if isinstance(child, dict):
-            where, steps = f"{name}.cache", node.steps
-        elif isinstance(child, list | tuple) and any(is_test_instance(x) for x in child):
-            where, steps = f"{name}.cache key", node.steps  # the arguments, self first
-        else:
-            where, steps = f"{name}.cache", [("key", "…"), *node.steps]
-        _root(target, render(where, steps), kind, note, alive=named_by_module(ref))
-        return None
-    if isinstance(ref, types.CellType) and not budget.spent():
-        owner = closure_owner(ref)
-        if owner is not None:
-            function, variable = owner
-            name = f"{function.__module__}.{function.__qualname__}"
-            kind = LIBRARY if is_library(function.__module__) else "closure cell"
-            path = render(f"{name} closure variable {variable!r}", node.steps)
-            _root(target, path, kind, note, alive=named_by_module(function))
-            return None
-    fixture = fixture_name(ref)
-    if fixture is not None:
-        # FixtureDef.__dict__['cached_result'][0] is the value.
-        steps = node.steps
-        if steps[:2] == [("key", "cached_result"), ("index", 0)]:
-            steps = steps[2:]
-        _root(target, render(f"fixture {fixture}", steps), "pytest fixture value", note, True)
-        return None
-    step = step_between(ref, child)
-    if step is None:
-        return None
-    if step[0] == "dictof" and isinstance(ref, type):
-        # The class's own __dict__: a class attribute, a root.
-        name = f"{ref.__module__}.{ref.__qualname__}"
-        kind = LIBRARY if is_library(ref.__module__) else "class attribute"
-        _root(target, render(name, [step, *node.steps]), kind, note, named_by_module(ref))
-        return None
-    return Node(ref, [step, *node.steps], target, through)
-
-
-def _root(target: Target, path: str, kind: str, note: str, alive: bool = False) -> None:
-    target.path, target.kind, target.note = path, kind, note.lstrip("; ")
-    target.alive = alive
-
-
-def _through_note(through: set[str]) -> str:
-    return f"through a {', '.join(sorted(through))} instance" if through else ""
 
 
 # ---------------------------------------------------------------------------
