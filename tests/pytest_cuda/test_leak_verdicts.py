@@ -337,6 +337,49 @@ def test_only_garbage_with_older_objects_needs_the_whole_heap_collected(
     assert "whole heap" not in lines[start + 1]
 
 
+def test_older_garbage_freed_by_the_whole_heap_collection_does_not_hide_a_leak(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    """Seen on torchvision's suite under -n 4: a test that leaks 1.5 KiB into a cache and
+    also leaves garbage through an older object has the whole heap collected, which frees
+    garbage an earlier test left too; the reading then falls under the baseline, yet the
+    blocks the test allocated and a cache still holds are a leak."""
+    planted(
+        """
+        import pytest
+
+        KEEP = []
+
+        class Old:
+            pass
+
+        OLD = Old()
+        EARLIER = Old()
+
+        @pytest.mark.cuda_leak_check(mode="off")
+        def test_an_earlier_test_leaves_a_cycle(fake_cuda):
+            global EARLIER
+            EARLIER.me = EARLIER
+            EARLIER.tensor = fake_cuda.tensor(8192)
+            EARLIER = None  # garbage from now on, older than the next test
+
+        def test_leaks_into_a_cache_and_drops_a_cycle(fake_cuda):
+            global OLD
+            KEEP.append(fake_cuda.tensor(1536))
+            OLD.me = OLD
+            OLD.tensor = fake_cuda.tensor(4096)
+            OLD = None  # garbage through an object older than the test
+        """
+    )
+    result = pytester.runpytest_subprocess("--cuda-leak-check", "--cuda-leak-report=leaks.json")
+    assert result.parseoutcomes() == {"passed": 2, "leaked": 1}
+    (row,) = json.loads((pytester.path / "leaks.json").read_text())["tests"]
+    assert row["verdict"] == "leaked"
+    assert row["leaked"] == {"cuda:0": 1536}
+    assert row["line"] is not None and "test_planted.py" in row["line"]
+    assert "KEEP" in row["holder"]
+
+
 def test_a_leak_option_with_the_leak_mode_switched_off_is_a_usage_error(
     pytester: pytest.Pytester,
 ) -> None:

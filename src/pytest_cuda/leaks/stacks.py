@@ -28,7 +28,13 @@ if TYPE_CHECKING:
 
     from pytest_cuda.leaks.walk.holders import LeakHolderScan
 
-__all__ = ["HISTORY_MAX_ENTRIES", "StackRecording", "attribute", "holders_of"]
+__all__ = [
+    "HISTORY_MAX_ENTRIES",
+    "StackRecording",
+    "attribute",
+    "bytes_allocated_since",
+    "holders_of",
+]
 
 #: The bound on the allocator's event ring when recording is ours. It keeps allocations
 #: alone, without their stacks (a few dozen bytes each): when each live block was
@@ -145,6 +151,19 @@ def attribute(
         thaw=thaw,
     )
     return stacks, holders
+
+
+def bytes_allocated_since(
+    start_us: int, devices: Iterable[int], outermost: tuple[str, str] | None = None
+) -> dict[int, int]:
+    """Bytes per device of the blocks alive now on ``devices`` that were allocated since
+    ``start_us`` (see :func:`blocks_allocated_since`): one snapshot, no walk."""
+    wanted = set(devices)
+    found: dict[int, int] = {}
+    for block in blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost):
+        if block.device in wanted:
+            found[block.device] = found.get(block.device, 0) + block.size
+    return found
 
 
 def holders_of(
