@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterator
 
+    from browser import Browser
+
 
 _PYTHONPATH = pytest.StashKey[str | None]()
 
@@ -50,6 +52,21 @@ def executed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cwd=str(tmp_path_factory.mktemp("demo"))
     )
     return dict(book)
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """One headless Chromium for every rendering test of the session (a worker's, under
+    xdist): starting it costs more than loading a page in it."""
+    from browser import CHROMIUM, Browser
+
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (Debian package 'chromium')")
+    running = Browser(CHROMIUM, tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        yield running
+    finally:
+        running.close()
 
 
 @pytest.fixture(autouse=True)
