@@ -1,15 +1,17 @@
 """Who holds leaked memory: from each leaked tensor up to a root a person recognises.
 
 Runs only for a test already judged leaking. The walk goes *up* the references
-(:func:`gc.get_referrers`, one heap scan per level for all tensors at once; only the
-test's own objects while the older heap is still frozen, :mod:`pytest_cuda.leaks.walk.young`)
-to a root (:mod:`pytest_cuda.leaks.walk.roots`): a module global (``mymod._cache['x']``), a
-class attribute, a ``functools.lru_cache`` (saying when its keys hold test instances),
-a closure cell, a pytest fixture's value, or a library's global ("library cache": by
-design, not the user's leak). Tensors an
-autograd graph saved are found from the graph's owner (``loss.grad_fn._saved_*``).
-Objects :func:`gc.freeze` hid from the walk up are searched *down* from the modules.
-What no Python object reaches is said to be so.
+(:mod:`pytest_cuda.leaks.walk.up`: :func:`gc.get_referrers`, one heap scan per level for
+all tensors at once; only the test's own objects while the older heap is still frozen,
+:mod:`pytest_cuda.leaks.walk.young`) to a root (:mod:`pytest_cuda.leaks.walk.follow`,
+:mod:`pytest_cuda.leaks.walk.roots`): a module global (``mymod._cache['x']``), a class
+attribute, a ``functools.lru_cache`` (saying when its keys hold test instances), a
+closure cell, a pytest fixture's value, or a library's global ("library cache": by
+design, not the user's leak). Tensors an autograd graph saved are found from the
+graph's owner (``loss.grad_fn._saved_*``). Objects :func:`gc.freeze` hid from the walk
+up are searched *down* from the modules (:mod:`pytest_cuda.leaks.walk.down`). What no
+Python object reaches is said to be so. This module gathers the leaked storages, runs
+the walks, and turns what they found into :class:`LeakHolderScan`.
 
 Pure Python over objects it is given: no torch import, no CUDA call (tensor facts come
 from a function passed in; which tensors own autograd graphs, from the seam's
@@ -18,27 +20,17 @@ from a function passed in; which tensors own autograd graphs, from the seam's
 
 from __future__ import annotations
 
-import functools
 import gc
-import sys
-import types
 import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
+from pytest_cuda.leaks.walk.down import walk_down
+from pytest_cuda.leaks.walk.follow import LIBRARY
 from pytest_cuda.leaks.walk.graphs import Saved, saved_tensors
-from pytest_cuda.leaks.walk.paths import key_of, referents, render, step_between
-from pytest_cuda.leaks.walk.roots import (
-    closure_owner,
-    fixture_name,
-    is_library,
-    is_test_instance,
-    named_by_module,
-    test_instances_in_keys,
-)
-from pytest_cuda.leaks.walk.state import Boundary, Budget, Node, Target, end_path, ended
-from pytest_cuda.leaks.walk.young import young_referrers
+from pytest_cuda.leaks.walk.state import Boundary, Budget, Target, end_path
+from pytest_cuda.leaks.walk.up import walk_up
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -59,17 +51,12 @@ __all__ = [
     "holder_order",
 ]
 
-#: The kind of a holder that is a library's cache, kept by design.
-LIBRARY = "library cache"
 #: The kind of a path that starts at an object no Python object refers to.
 OUTSIDE = "no Python root: C++ holds where the path starts"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
 
 #: How many tensors of one storage the walk starts from.
 MAX_VIEWS = 8
-#: How far up the walk goes, and how many objects one level may hold.
-MAX_DEPTH = 16
-MAX_FRONTIER = 2_000
 
 
 @dataclass(frozen=True)
@@ -169,7 +156,7 @@ def find_leak_holders(
                 if covered is not None and covered()
                 else _graphs(objects, targets, facts, notes, budget)
             )
-            _walk_up([*targets.values(), *probes], notes, budget, {id(objects)}, boundary)
+            walk_up([*targets.values(), *probes], notes, budget, {id(objects)}, boundary)
             _name_saved(graphs)
             boundary.thaw()
             hidden = _search_frozen(targets, facts, budget, covered, frozen_before)
@@ -203,8 +190,9 @@ def _search_frozen(
     covered: Callable[[], bool] | None,
     frozen_before: int | None,
 ) -> int:
-    """Search what :func:`gc.freeze` hid from the walk up (:func:`_walk_down`) where it
-    may matter; how many objects stayed unsearched (0: none)."""
+    """Search what :func:`gc.freeze` hid from the walk up
+    (:func:`~pytest_cuda.leaks.walk.down.walk_down`) where it may matter; how many
+    objects stayed unsearched (0: none)."""
     frozen = gc.get_freeze_count()
     unplaced = any(not t.path for t in targets.values())
     unshown = not covered() if covered is not None else not targets
@@ -214,7 +202,7 @@ def _search_frozen(
     unshown = unshown and later
     if not frozen or not (unplaced or unshown) or not (later or budget.seconds is None):
         return 0
-    return 0 if _walk_down(targets, facts, budget, unshown) else frozen
+    return 0 if walk_down(targets, facts, budget, unshown) else frozen
 
 
 def holder_order(holder: LeakHolder) -> tuple[int, int, str]:
@@ -276,253 +264,6 @@ def _scan(
     holders.sort(key=holder_order)
     found = sum(t.nbytes for t in targets if not t.kind.startswith("C++"))
     return LeakHolderScan(tuple(holders), tuple(notes), found)
-
-
-# ---------------------------------------------------------------------------
-# The walk up.
-
-
-def _walk_up(
-    targets: list[Target],
-    notes: list[str],
-    budget: Budget,
-    ignore: Iterable[int] = (),
-    boundary: Boundary | None = None,
-) -> None:
-    """Up from every target to a root, all targets a step at a time. While the
-    ``boundary`` is young, a step scans only the test's objects, and the objects that
-    something outside them holds too wait; once no young step is left, the heap is
-    thawed and they go on, scanning the whole heap."""
-    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    layer = [Node(obj, [], t) for t in targets for obj in (t.obj, *t.others)]
-    seen = {(id(n.obj), id(n.target)) for n in layer}  # (object, target): each target's walk
-    own = {id(layer), id(targets), id(seen), *ignore, *(id(t.others) for t in targets)}
-    waiting: list[Node] = []  # held from outside the young objects: for the whole heap
-    own.add(id(waiting))
-    too_long = False
-    while True:
-        layer = [n for n in layer if not n.target.path]
-        too_long = too_long or any(len(n.steps) >= MAX_DEPTH for n in layer)
-        layer = [n for n in layer if len(n.steps) < MAX_DEPTH]
-        if not layer and waiting and boundary is not None:
-            boundary.thaw()
-            layer, waiting = [n for n in waiting if not n.target.path], []
-        if not layer or budget.spent():
-            break
-        young = boundary is not None and boundary.young
-        by_id: dict[int, list[Node]] = {}
-        for node in layer:
-            by_id.setdefault(id(node.obj), []).append(node)
-        # Each object once: a scan of the whole heap costs more with every one asked for.
-        nodes = tuple(group[0].obj for group in by_id.values())
-        own.add(id(nodes))
-        if young:
-            referrers, outside = young_referrers(nodes)
-            waiting.extend(n for n in layer if id(n.obj) in outside)
-        else:
-            referrers = gc.get_referrers(*nodes)
-        own.add(id(referrers))
-        following, held = _step_up(
-            referrers, by_id, own=own, seen=seen, modules=modules, budget=budget
-        )
-        if not young:
-            # The whole heap was scanned: what nothing refers to, C++ holds.
-            for key in by_id.keys() - held:
-                for node in by_id[key]:
-                    ended(node)
-        # No variable of this frame may hold an object of the next step while the young
-        # step counts its references.
-        del referrers, nodes
-        if len(following) > MAX_FRONTIER:
-            notes.append(f"the walk kept the first {MAX_FRONTIER} of {len(following)} paths")
-            following = following[:MAX_FRONTIER]
-        layer = following
-    if too_long:
-        notes.append(f"some paths were longer than {MAX_DEPTH} steps")
-
-
-def _step_up(
-    referrers: list[object],
-    by_id: dict[int, list[Node]],
-    *,
-    own: set[int],
-    seen: set[tuple[int, int]],
-    modules: dict[int, str],
-    budget: Budget,
-) -> tuple[list[Node], set[int]]:
-    """One step up from the nodes ``by_id`` (by their object's id) through their
-    ``referrers``: the nodes of the next step, and the ids of the objects something
-    other than the walk refers to (a running function's frame included)."""
-    following: list[Node] = []
-    held: set[int] = set()
-    for ref in referrers:
-        if id(ref) in own or isinstance(ref, Target | Node | Saved):
-            continue
-        children = _children_in(ref, by_id)
-        held.update(map(id, children))
-        if isinstance(ref, types.FrameType):
-            continue
-        for child in children:
-            for node in by_id[id(child)]:
-                if node.target.path:
-                    continue
-                step = _follow(ref, child, node, modules, budget)
-                # A root ends a path however often it is met; an object in between is
-                # walked from once per target.
-                if step is not None and (id(ref), id(node.target)) not in seen:
-                    seen.add((id(ref), id(node.target)))
-                    following.append(step)
-    return following, held
-
-
-def _walk_down(
-    targets: dict[tuple[str, int], Target], facts: Facts, budget: Budget, unshown: bool
-) -> bool:
-    """From every module's namespace down the references (:func:`referents`),
-    breadth first, to the leaked tensors the walk up did not reach (objects frozen by
-    :func:`gc.freeze` are invisible to :func:`gc.get_referrers`, not to this walk); with
-    ``unshown``, every object is asked (``facts``) whether it is a leaked tensor too. A
-    path found is named by the walk up's rules (:func:`_follow`). ``False`` when its
-    time ran out before it found everything or went through the whole heap."""
-    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    pending = {id(obj): t for t in targets.values() if not t.path for obj in (t.obj, *t.others)}
-    parent: dict[int, object] = {}  # id(object) -> the object it was reached from
-    layer: list[object] = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and id(namespace) not in parent:
-            parent[id(namespace)] = None
-            layer.append(namespace)
-    own = {id(parent), id(layer), id(targets), id(pending)}
-    while layer:
-        following: list[object] = []
-        own.add(id(following))
-        for obj in layer:
-            if budget.spent():
-                return False
-            try:
-                children = referents(obj)
-            except Exception:
-                continue
-            for child in children:
-                if id(child) in parent or id(child) in own:
-                    continue
-                parent[id(child)] = obj
-                target = pending.pop(id(child), None)
-                if target is None and unshown and not isinstance(child, type | types.ModuleType):
-                    try:
-                        fact = facts(child)
-                    except Exception:
-                        fact = None
-                    if fact is not None and fact[0] not in targets:
-                        target = targets[fact[0]] = Target(child, fact[0], fact[1], fact[2])
-                if target is not None:
-                    _place(target, child, parent, modules, budget)
-                    if not unshown and all(t.path for t in pending.values()):
-                        return True
-                if gc.is_tracked(child):
-                    following.append(child)
-        layer = following
-    return True
-
-
-def _place(
-    target: Target,
-    found: object,
-    parent: dict[int, object],
-    modules: dict[int, str],
-    budget: Budget,
-) -> None:
-    """Name the path the walk down found to ``found`` (a tensor of ``target``), by
-    following it back up as the walk up would have."""
-    node: Node | None = Node(found, [], target)
-    while node is not None and not target.path:
-        ref = parent.get(id(node.obj))
-        if ref is None:
-            return
-        node = _follow(ref, node.obj, node, modules, budget)
-
-
-def _children_in(ref: object, by_id: dict[int, list[Node]]) -> list[object]:
-    try:
-        return [child for child in referents(ref) if id(child) in by_id]
-    except Exception:
-        return []
-
-
-def _follow(
-    ref: object, child: object, node: Node, modules: dict[int, str], budget: Budget
-) -> Node | None:
-    """``ref`` refers to ``child`` (a node of the walk): a root (recorded on the node's
-    target), or the next node up, or ``None`` for a link the walk does not follow."""
-    target = node.target
-    through = set(node.through)
-    if is_test_instance(child):
-        through.add(type(child).__qualname__)
-    note = _through_note(through)
-    if isinstance(ref, dict) and id(ref) in modules:
-        module = modules[id(ref)]
-        key = key_of(ref, child)
-        path = render(module, [("attr", key), *node.steps])
-        kind = LIBRARY if is_library(module) else "module global"
-        _root(target, path, kind, note, alive=True)
-        return None
-    if isinstance(ref, functools._lru_cache_wrapper):
-        name = f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
-        keyed = test_instances_in_keys(ref)
-        if keyed:
-            through.update(keyed)
-            note = _through_note(through) + (
-                f"; its keys hold {', '.join(sorted(keyed))} instances, so the cache keeps "
-                "each test instance and what it holds"
-            )
-        kind = LIBRARY if is_library(name) else "functools.lru_cache"
-        # A bounded cache holds results in its own links (one step); functools.cache
-        # in a dict, whose key step the walk already has.
-        if isinstance(child, dict):
-            where, steps = f"{name}.cache", node.steps
-        elif isinstance(child, list | tuple) and any(is_test_instance(x) for x in child):
-            where, steps = f"{name}.cache key", node.steps  # the arguments, self first
-        else:
-            where, steps = f"{name}.cache", [("key", "…"), *node.steps]
-        _root(target, render(where, steps), kind, note, alive=named_by_module(ref))
-        return None
-    if isinstance(ref, types.CellType) and not budget.spent():
-        owner = closure_owner(ref)
-        if owner is not None:
-            function, variable = owner
-            name = f"{function.__module__}.{function.__qualname__}"
-            kind = LIBRARY if is_library(function.__module__) else "closure cell"
-            path = render(f"{name} closure variable {variable!r}", node.steps)
-            _root(target, path, kind, note, alive=named_by_module(function))
-            return None
-    fixture = fixture_name(ref)
-    if fixture is not None:
-        # FixtureDef.__dict__['cached_result'][0] is the value.
-        steps = node.steps
-        if steps[:2] == [("key", "cached_result"), ("index", 0)]:
-            steps = steps[2:]
-        _root(target, render(f"fixture {fixture}", steps), "pytest fixture value", note, True)
-        return None
-    step = step_between(ref, child)
-    if step is None:
-        return None
-    if step[0] == "dictof" and isinstance(ref, type):
-        # The class's own __dict__: a class attribute, a root.
-        name = f"{ref.__module__}.{ref.__qualname__}"
-        kind = LIBRARY if is_library(ref.__module__) else "class attribute"
-        _root(target, render(name, [step, *node.steps]), kind, note, named_by_module(ref))
-        return None
-    return Node(ref, [step, *node.steps], target, through)
-
-
-def _root(target: Target, path: str, kind: str, note: str, alive: bool = False) -> None:
-    target.path, target.kind, target.note = path, kind, note.lstrip("; ")
-    target.alive = alive
-
-
-def _through_note(through: set[str]) -> str:
-    return f"through a {', '.join(sorted(through))} instance" if through else ""
 
 
 # ---------------------------------------------------------------------------
