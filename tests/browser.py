@@ -17,6 +17,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,19 @@ class BrowserError(RuntimeError):
     """Chromium ended, answered with an error, or did not answer in time."""
 
 
+# Run before Chromium, in its process: the pipes put where it looks for them (subprocess
+# keeps a file descriptor's number; ``preexec_fn`` is not safe with threads running).
+_PLACE_PIPES = """
+import os, sys
+commands, replies = int(sys.argv[1]), int(sys.argv[2])
+os.dup2(commands, 3)
+os.dup2(replies, 4)
+os.close(commands)
+os.close(replies)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
 def _high_fd(fd: int) -> int:
     """``fd`` moved above 4, so placing the pipes at 3 and 4 in the child clobbers neither."""
     moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5)
@@ -49,13 +63,13 @@ class Browser:
     def __init__(self, executable: str, profile: Path) -> None:
         to_browser, self._commands = map(_high_fd, os.pipe())
         self._replies, from_browser = map(_high_fd, os.pipe())
-
-        def place_pipes() -> None:  # in the child, before exec
-            os.dup2(to_browser, 3)
-            os.dup2(from_browser, 4)
-
         self.proc = subprocess.Popen(
             [
+                sys.executable,
+                "-c",
+                _PLACE_PIPES,
+                str(to_browser),
+                str(from_browser),
                 executable,
                 "--headless",
                 "--no-sandbox",
@@ -73,8 +87,7 @@ class Browser:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            pass_fds=(3, 4),
-            preexec_fn=place_pipes,  # noqa: PLW1509 -- the tests start no threads that fork
+            pass_fds=(to_browser, from_browser),
         )
         os.close(to_browser)
         os.close(from_browser)
