@@ -426,9 +426,7 @@ def test_{i}(cuda_rank, pids):
 
 def test_each_xdist_worker_keeps_its_own_pool(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_planted=PAIRS)
-    result = pytester.runpytest(
-        "-n", "2", "-p", "no:cacheprovider", "--basetemp", "base"
-    )
+    result = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--basetemp", "base")
     result.assert_outcomes(passed=4)
     pids = _pids(pytester.path / "base")
     assert len(pids) == 4
