@@ -399,11 +399,13 @@ PLANTED = {
 def test_warm_ranks_are_kept_through_passes_and_replaced_after_what_went_wrong(
     pytester: pytest.Pytester,
 ) -> None:
+    """Every planted suite in one session: each suite's outcomes and reports, and which
+    tests shared rank processes, as if it had run alone."""
     pytester.makepyfile(**{name: source for name, (source, _) in PLANTED.items()})
     result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base")
     result.assert_outcomes(passed=26, failed=8, skipped=2, xfailed=1, errors=1)
     pids = _pids(pytester.path / "base")
-    for check in (check for _, check in PLANTED.values()):
+    for _, check in PLANTED.values():
         check(result, pids)
     # The warm ranks one suite left are the next one's.
     assert pids["test_after_a_fresh_group"] == pids["test_01"]
