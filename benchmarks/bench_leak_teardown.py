@@ -143,9 +143,9 @@ leak_heap.interpreter_frozen = lambda: -1  # every freeze found is someone else'
 """
 
 WALK_THAWED_FIRST = """
-from pytest_cuda.leaks.walk import holders as leak_holders
+from pytest_cuda.leaks.walk import state as walk_state
 
-leak_holders.counts_references = lambda: False
+walk_state.counts_references = lambda: False
 """
 
 

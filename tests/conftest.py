@@ -1,7 +1,10 @@
-"""Shared test helpers: a fresh status cache around every test."""
+"""Shared test helpers: a fresh status cache around every test, the demo notebook
+executed once a run, one headless Chromium per session (per xdist worker)."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterator
+
+    from browser import Browser
 
 
 _PYTHONPATH = pytest.StashKey[str | None]()
@@ -41,15 +46,49 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def executed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``examples/demo.ipynb`` executed by a real Jupyter kernel (nbclient), once a session."""
+    """``examples/demo.ipynb`` executed by a real Jupyter kernel (nbclient), once a session.
+
+    Under pytest-xdist the first worker that asks executes it and the others read its
+    result: the ``xdist_group`` marks meant to keep its tests on one worker are ignored
+    with pytest 9.2 (pytest-dev/pytest-xdist#1386).
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _execute_demo(tmp_path_factory.mktemp("demo"))
+    shared = tmp_path_factory.getbasetemp().parent / "executed-demo.json"  # the run's
+    with shared.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if shared.exists():
+            found: dict[str, Any] = json.loads(shared.read_text())
+            return found
+        book = _execute_demo(tmp_path_factory.mktemp("demo"))
+        shared.write_text(json.dumps(book))
+        return book
+
+
+def _execute_demo(cwd: Path) -> dict[str, Any]:
     import nbformat
     from nbclient import NotebookClient
 
     book = nbformat.read(ROOT / "examples" / "demo.ipynb", as_version=4)
     NotebookClient(book, timeout=600, kernel_name="python3", allow_errors=True).execute(
-        cwd=str(tmp_path_factory.mktemp("demo"))
+        cwd=str(cwd)
     )
     return dict(book)
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """One headless Chromium for every rendering test of the session (a worker's, under
+    xdist): starting it costs more than loading a page in it."""
+    from browser import CHROMIUM, Browser
+
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (Debian package 'chromium')")
+    running = Browser(CHROMIUM, tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        yield running
+    finally:
+        running.close()
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,10 @@
 """Every HTML output of the demo notebook renders in a real browser, light and dark.
 
-Headless Chromium (Debian's ``chromium``; ``.ci/run`` installs it) loads each
-``text/html`` output alone in a page, once with a light and once with a dark theme,
-takes a screenshot, and a script in the page reports which text elements are invisible
-or hard to read (WCAG contrast under 4.5:1 against the background they are drawn on).
+Headless Chromium (Debian's ``chromium``; ``.ci/run`` installs it; one for the session,
+see ``browser.py``) loads each ``text/html`` output alone in a page of its own, once
+with a light and once with a dark theme, takes a screenshot, and a script in the page
+reports which text elements are invisible or hard to read (WCAG contrast under 4.5:1
+against the background they are drawn on).
 The outputs come from the notebook executed here (CPU) and, when present, from
 ``docs/demo-gpu.ipynb`` (executed on the GPU machine). With
 ``GPUMAGIC_SCREENSHOT_DIR=docs/_static/screenshots`` the screenshots are kept.
@@ -16,17 +17,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from browser import CHROMIUM
+
+if TYPE_CHECKING:
+    from browser import Browser
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU_NOTEBOOK = ROOT / "docs" / "demo-gpu.ipynb"
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
 pytestmark = [
     pytest.mark.skipif(
         CHROMIUM is None,
@@ -41,7 +43,8 @@ THEMES = {
     "dark": "color-scheme: dark; background: #1e1e1e; color: #d4d4d4;",
 }
 MIN_CONTRAST = 4.5
-MAX_HEIGHT = 4100  # px: the tallest window a screenshot is taken in
+WIDTH = 1000  # px: the page's width
+MAX_HEIGHT = 4100  # px: the tallest viewport a page is checked and photographed in
 
 # Runs in the page: for each element holding text, is it visible, and how well does
 # its colour stand out from the backgrounds composited beneath it?
@@ -108,39 +111,13 @@ def html_outputs(book: dict[str, Any], origin: str) -> list[tuple[str, str]]:
     return found
 
 
-def chromium(*args: str, profile: Path) -> str:
-    assert CHROMIUM is not None
-    result = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            f"--user-data-dir={profile}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return result.stdout
-
-
 def render(
-    name: str, body: str, theme: str, workdir: Path, *, tight: bool = False
+    browser: Browser, name: str, body: str, theme: str, workdir: Path
 ) -> tuple[dict[str, Any], Path]:
-    """Load one output alone in a page: the check script's report and a screenshot.
+    """Load one output alone in a page: the check script's report, and a screenshot.
 
-    One Chromium launch does both, in a window tall enough for any output; with
-    ``tight`` a second launch takes the screenshot at the output's own height (for
-    screenshots that are kept).
+    The check runs in a viewport tall enough for any output; the screenshot is taken at
+    the output's own height.
     """
     page = workdir / f"{name}-{theme}.html"
     page.write_text(
@@ -151,31 +128,14 @@ def render(
         f"{CHECK_SCRIPT}</body></html>"
     )
     shot = workdir / f"{name}-{theme}.png"
-    dom = chromium(
-        "--dump-dom",
-        f"--screenshot={shot}",
-        f"--window-size=1000,{MAX_HEIGHT}",
-        page.as_uri(),
-        profile=workdir / "profile",
-    )
-    match = re.search(r"<pre id=\"report\"[^>]*>(.*?)</pre>", dom, re.S)
-    assert match, f"the check script did not run for {name}"
-    report: dict[str, Any] = json.loads(html.unescape(match.group(1)))
-    if tight:
-        # The headless window keeps about 80 px for itself: leave room below the output.
-        height = min(max(int(report["height"]), 120), MAX_HEIGHT - 100) + 100
-        chromium(
-            f"--screenshot={shot}",
-            f"--window-size=1000,{height}",
-            page.as_uri(),
-            profile=workdir / "profile",
-        )
+    with browser.page(page.as_uri(), width=WIDTH, height=MAX_HEIGHT) as tab:
+        text = browser.evaluate(tab, "document.getElementById('report').textContent")
+        assert text, f"the check script did not run for {name}"
+        report: dict[str, Any] = json.loads(text)
+        height = min(max(int(report["height"]), 120), MAX_HEIGHT)
+        browser.resize(tab, width=WIDTH, height=height)
+        browser.screenshot(tab, shot)
     return report, shot
-
-
-def keeping_screenshots() -> bool:
-    """Whether ``GPUMAGIC_SCREENSHOT_DIR`` asks for the screenshots to be kept."""
-    return bool(os.environ.get("GPUMAGIC_SCREENSHOT_DIR"))
 
 
 def keep_screenshot(shot: Path) -> None:
@@ -206,14 +166,14 @@ def test_html_outputs_are_self_contained(executed_demo: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("theme", sorted(THEMES))
 def test_html_outputs_render_visible_and_readable(
-    executed_demo: dict[str, Any], theme: str, tmp_path: Path
+    executed_demo: dict[str, Any], browser: Browser, theme: str, tmp_path: Path
 ) -> None:
     outputs = outputs_to_check(executed_demo)
     if not outputs:
         pytest.skip("the demo notebook produced no HTML output")
     problems = []
     for name, body in outputs:
-        report, shot = render(name, body, theme, tmp_path, tight=keeping_screenshots())
+        report, shot = render(browser, name, body, theme, tmp_path)
         assert shot.stat().st_size > 1000, f"empty screenshot for {name}"
         if report["texts"] == 0:
             problems.append(f"{name}: no text rendered")

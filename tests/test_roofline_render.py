@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from browser import CHROMIUM
 from gpumagic.timing_result import CudaTimeResult
-from test_html_render import CHROMIUM, THEMES, keep_screenshot, keeping_screenshots, render
+from test_html_render import THEMES, keep_screenshot, render
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from browser import Browser
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed (Debian package 'chromium')"
@@ -53,11 +56,13 @@ RESULTS = {
 
 @pytest.mark.parametrize("theme", sorted(THEMES))
 @pytest.mark.parametrize("name", sorted(RESULTS))
-def test_the_roofline_renders_visible_and_readable(name: str, theme: str, tmp_path: Path) -> None:
+def test_the_roofline_renders_visible_and_readable(
+    browser: Browser, name: str, theme: str, tmp_path: Path
+) -> None:
     body = RESULTS[name]._repr_html_()
     assert '<svg class="gpumagic-roofline"' in body
     assert not re.search(r"(?:src|href)\s*=|@import|url\(|https?:", body)
-    report, shot = render(name, body, theme, tmp_path, tight=keeping_screenshots())
+    report, shot = render(browser, name, body, theme, tmp_path)
     assert shot.stat().st_size > 1000
     assert report["texts"] > 10
     assert not report["invisible"], report["invisible"]

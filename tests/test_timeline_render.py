@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from browser import CHROMIUM
 from gpumagic.cuda import AllocatorStats
 from gpumagic.memory_cell import CellDeviceChange, CellMemoryReport
 from gpumagic.memory_result import CellMemResult
 from gpumagic.memory_timeline import build_timeline
-from test_html_render import CHROMIUM, THEMES, keep_screenshot, render
+from test_html_render import THEMES, keep_screenshot, render
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from browser import Browser
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed (Debian package 'chromium')"
@@ -96,8 +99,10 @@ def test_the_timeline_is_self_contained() -> None:
 
 
 @pytest.mark.parametrize("theme", sorted(THEMES))
-def test_the_timeline_renders_visible_and_readable(theme: str, tmp_path: Path) -> None:
-    report, shot = render("gpumem-timeline", result()._repr_html_(), theme, tmp_path, tight=True)
+def test_the_timeline_renders_visible_and_readable(
+    browser: Browser, theme: str, tmp_path: Path
+) -> None:
+    report, shot = render(browser, "gpumem-timeline", result()._repr_html_(), theme, tmp_path)
     assert shot.stat().st_size > 1000
     assert report["texts"] >= 20  # the tables, the axes, the peak and the legend
     assert not report["invisible"], report["invisible"]

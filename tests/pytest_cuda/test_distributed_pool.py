@@ -3,12 +3,15 @@ replaced after a failure, a hang, a death or a test that left state behind.
 
 Each planted suite runs for real in two rank processes; every test records the pids of
 its ranks, so the tests can tell which tests shared processes. No rank process may
-outlive the run.
+outlive the run. Starting a pair of ranks (two interpreters importing torch) is what
+costs: the suites that run in one pytest process run in one session, in the order of
+``PLANTED``, and each starts on the warm ranks the one before left.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
@@ -85,25 +88,34 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
-    pytester.makepyfile(test_planted=source)
-    return pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base", *args)
-
-
 def _none_left(pytester: pytest.Pytester) -> None:
     pids = {pid for group in _pids(pytester.path / "base").values() for pid in group}
     assert pids
     assert [pid for pid in pids if _alive(pid)] == []
 
 
-def test_a_failure_and_a_hang_fail_alone_and_the_rest_pass_on_warm_ranks(
-    pytester: pytest.Pytester,
-) -> None:
-    result = _run(pytester, SUITE)
-    result.assert_outcomes(passed=18, failed=2)
+_SUMMARY = re.compile(r"(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (?:\[(\d+)\] )?(\w+)\.py\b")
+_OUTCOME = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "XFAIL": "xfailed"}
+_OUTCOME |= {"XPASS": "xpassed", "SKIPPED": "skipped"}
+
+
+def _outcomes(result: pytest.RunResult, module: str) -> dict[str, int]:
+    """How the tests of ``module`` ended, counted from the ``-rA`` summary."""
+    found: dict[str, int] = {}
+    for line in result.outlines:
+        match = _SUMMARY.match(line)
+        if match and match.group(3) == module:
+            outcome = _OUTCOME[match.group(1)]
+            found[outcome] = found.get(outcome, 0) + int(match.group(2) or 1)
+    return found
+
+
+def _failure_and_hang(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
+    """``SUITE``: a failure and a hang fail alone, the rest pass on warm ranks."""
+    assert _outcomes(result, "test_1_suite") == {"passed": 18, "failed": 2}
     result.stdout.fnmatch_lines(
         [
-            "test_05: rank 1 of 2 failed: AssertionError: planted at test_planted.py:*",
+            "test_05: rank 1 of 2 failed: AssertionError: planted at test_1_suite.py:*",
             "rank 0 (cpu): failed after * (after rank 1 had failed): *",
             "rank 1 (cpu): failed after *: AssertionError: planted*",
             "*assert 5 == 6*",
@@ -119,20 +131,22 @@ def test_a_failure_and_a_hang_fail_alone_and_the_rest_pass_on_warm_ranks(
             "rank 1 (cpu): still running after *, the test's timeout of 2 s ran out: stopped.",
             "  Its Python stack when stopped (most recent call first):",
             "*in all_reduce",
-            "*test_planted.py*in test_12",
+            "*test_1_suite.py*in test_12",
         ]
     )
-    failed = {line.split("::")[1].split()[0] for line in result.outlines if "FAILED" in line}
+    failed = {
+        line.split("::")[1].split()[0]
+        for line in result.outlines
+        if line.startswith("FAILED test_1_suite.py")
+    }
     assert failed == {"test_05", "test_12"}
-    pids = _pids(pytester.path / "base")
-    assert len(pids) == 20
+    assert len([name for name in pids if name.startswith("test_") and name[5:].isdigit()]) == 20
     # One pair of processes before the failure, one until the hang, one after it.
     runs = [range(1, 6), range(6, 13), range(13, 21)]
     pairs = [{frozenset(pids[f"test_{i:02d}"]) for i in run} for run in runs]
     assert [len(pair) for pair in pairs] == [1, 1, 1]
     assert len({next(iter(pair)) for pair in pairs}) == 3
     assert all(len(next(iter(pair))) == 2 for pair in pairs)
-    _none_left(pytester)
 
 
 LEFTOVERS = (
@@ -184,9 +198,9 @@ def test_clean_after(cuda_rank, pids):
 )
 
 
-def test_leftovers_fail_the_test_on_the_rank_that_left_them(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, LEFTOVERS)
-    result.assert_outcomes(passed=2, failed=4)
+def _leftovers(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
+    """``LEFTOVERS``: state left behind fails the test on the rank that left it."""
+    assert _outcomes(result, "test_2_leftovers") == {"passed": 2, "failed": 4}
     result.stdout.fnmatch_lines(
         [
             "test_keeps_a_group: rank 1 of 2 failed: left state behind for the next test: "
@@ -222,12 +236,10 @@ def test_leftovers_fail_the_test_on_the_rank_that_left_them(pytester: pytest.Pyt
             for rank in (0, 1)
         ]
     )
-    pids = _pids(pytester.path / "base")
     # Each test that left state had its ranks replaced: every test ran on new ones.
     firsts = [pids[name] for name in ("test_keeps_a_group", "test_flips_tf32", "test_sets_env")]
     assert len({frozenset(p) for p in firsts}) == 3
     assert pids["test_own_group_may_keep_subgroups"] == pids["test_clean_after"]
-    _none_left(pytester)
 
 
 OUTCOMES = (
@@ -285,32 +297,38 @@ def test_after_a_fresh_group(cuda_rank, pids):
 )
 
 
-def test_skip_xfail_backend_names_and_the_switches(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, OUTCOMES)
-    result.assert_outcomes(passed=4, skipped=2, xfailed=1, errors=1)
+def _outcomes_and_switches(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
+    """``OUTCOMES``: skips, an xfail and backend names keep the warm ranks; ``isolate``
+    runs on fresh ones, ``fresh_group`` on the warm ones."""
+    assert _outcomes(result, "test_0_outcomes") == {
+        "passed": 4,
+        "skipped": 2,
+        "xfailed": 1,
+        "errors": 1,
+    }
     result.stdout.fnmatch_lines(
         [
-            "SKIPPED * test_planted.py:*: on every rank: no dataset here",
-            "SKIPPED * test_planted.py:*: skipped on rank 1 only (rank 0 passed): rank 1 has "
-            "no shard",
+            "SKIPPED * test_0_outcomes.py:*: on every rank: no dataset here",
+            "SKIPPED * test_0_outcomes.py:*: skipped on rank 1 only (rank 0 passed): rank 1 "
+            "has no shard",
         ],
         consecutive=False,
     )
-    result.stdout.fnmatch_lines(["XFAIL test_planted.py::test_xfails - on every rank: known bug"])
+    result.stdout.fnmatch_lines(
+        ["XFAIL test_0_outcomes.py::test_xfails - on every rank: known bug"]
+    )
     result.stdout.fnmatch_lines(
         [
             "usage: @pytest.mark.cuda_distributed(backend='glo') on "
-            "test_planted.py::test_typo: torch does not know the backend 'glo'; it knows "
+            "test_0_outcomes.py::test_typo: torch does not know the backend 'glo'; it knows "
             "gloo, nccl, *",
         ]
     )
-    pids = _pids(pytester.path / "base")
     warm = pids["test_skips_everywhere"]
     for name in ("test_skips_on_rank1", "test_xfails", "test_backend_in_capitals"):
         assert pids[name] == warm, name
     assert not pids["test_isolated"] & warm
     assert pids["test_fresh_group"] == pids["test_after_a_fresh_group"] == warm
-    _none_left(pytester)
 
 
 DEATHS = (
@@ -347,9 +365,9 @@ def test_passes_after(cuda_rank, pids):
 )
 
 
-def test_a_rank_that_dies_is_the_headline(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, DEATHS)
-    result.assert_outcomes(passed=2, failed=2)
+def _deaths(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
+    """``DEATHS``: a rank that dies is the headline."""
+    assert _outcomes(result, "test_3_deaths") == {"passed": 2, "failed": 2}
     result.stdout.fnmatch_lines(
         [
             "test_exits: rank 1 of 2 failed: exit status 3",
@@ -364,6 +382,35 @@ def test_a_rank_that_dies_is_the_headline(pytester: pytest.Pytester) -> None:
             "rank 1 (cpu): failed after * (after rank 0 had died): *",
         ]
     )
+    # Its ranks were replaced after each death.
+    after = [pids[name] for name in ("test_exits", "test_killed", "test_passes_after")]
+    assert len({frozenset(p) for p in after}) == 3
+
+
+#: The planted suites of one session, in the order they run, and what each must show.
+PLANTED = {
+    "test_0_outcomes": (OUTCOMES, _outcomes_and_switches),
+    "test_1_suite": (SUITE, _failure_and_hang),
+    "test_2_leftovers": (LEFTOVERS, _leftovers),
+    "test_3_deaths": (DEATHS, _deaths),
+}
+
+
+def test_warm_ranks_are_kept_through_passes_and_replaced_after_what_went_wrong(
+    pytester: pytest.Pytester,
+) -> None:
+    """Every planted suite in one session: each suite's outcomes and reports, and which
+    tests shared rank processes, as if it had run alone."""
+    pytester.makepyfile(**{name: source for name, (source, _) in PLANTED.items()})
+    result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base")
+    result.assert_outcomes(passed=26, failed=8, skipped=2, xfailed=1, errors=1)
+    pids = _pids(pytester.path / "base")
+    for _, check in PLANTED.values():
+        check(result, pids)
+    # The warm ranks one suite left are the next one's.
+    assert pids["test_after_a_fresh_group"] == pids["test_01"]
+    assert pids["test_20"] == pids["test_keeps_a_group"]
+    assert pids["test_clean_after"] == pids["test_passes_first"]
     _none_left(pytester)
 
 
@@ -381,9 +428,7 @@ def test_{i}(cuda_rank, pids):
 
 def test_each_xdist_worker_keeps_its_own_pool(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_planted=PAIRS)
-    result = pytester.runpytest_subprocess(
-        "-n", "2", "-p", "no:cacheprovider", "--basetemp", "base"
-    )
+    result = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--basetemp", "base")
     result.assert_outcomes(passed=4)
     pids = _pids(pytester.path / "base")
     assert len(pids) == 4
