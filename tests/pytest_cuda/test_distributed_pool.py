@@ -88,6 +88,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_planted=source)
+    return pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base", *args)
+
+
 def _none_left(pytester: pytest.Pytester) -> None:
     pids = {pid for group in _pids(pytester.path / "base").values() for pid in group}
     assert pids

@@ -376,7 +376,8 @@ def test_older_garbage_freed_by_the_whole_heap_collection_does_not_hide_a_leak(
     (row,) = json.loads((pytester.path / "leaks.json").read_text())["tests"]
     assert row["verdict"] == "leaked"
     assert row["leaked"] == {"cuda:0": 1536}
-    assert row["line"] is not None and "test_planted.py" in row["line"]
+    assert row["line"] is not None
+    assert "test_planted.py" in row["line"]
     assert "KEEP" in row["holder"]
 
 
