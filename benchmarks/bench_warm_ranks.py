@@ -6,14 +6,17 @@ by round (the order rotating, so drift in machine load hits all alike): with the
 ranks (the default), with ``isolate=True`` on every test (fresh rank processes per
 test, as every test ran before the warm ranks), and, with ``--before-src DIR`` (the
 ``src`` of an older checkout, e.g. ``git archive <commit> src | tar -x -C DIR``), the
-same file under that older plugin. The backend is NCCL where two GPUs are visible,
-gloo on the CPU otherwise (``--backend`` picks).
+same file under that older plugin; with ``--compare-src LABEL=DIR`` (repeatable), the
+same file under the ``src`` in DIR, as a variant named LABEL (e.g. the commit before a
+change to the warm ranks). The backend is NCCL where two GPUs are visible, gloo on the
+CPU otherwise (``--backend`` picks).
 
 Reports, per variant, the wall time of the whole ``pytest`` run and the time per test
 once the ranks are up (the median call time, from ``--junitxml``, of tests 2 to 20),
 and the first test's time (the ranks' start)::
 
-    python benchmarks/bench_warm_ranks.py [--rounds 3] [--before-src DIR] [--json FILE]
+    python benchmarks/bench_warm_ranks.py [--rounds 3] [--before-src DIR]
+        [--compare-src LABEL=DIR ...] [--json FILE]
 
 Appends an environment line and one line per variant to ``--json`` (bench
 ``warm_ranks_gloo`` or ``warm_ranks_nccl``) and prints a markdown table last.
@@ -80,6 +83,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     parser.add_argument("--before-src", type=Path, help="an older checkout's src folder")
+    parser.add_argument(
+        "--compare-src",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="another checkout's src folder, run as the variant LABEL (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="append the results as JSON lines")
     parser.add_argument(
         "--isolate-tests",
@@ -102,6 +112,13 @@ def main() -> None:
     }
     if args.before_src is not None:
         variants["before (fresh ranks, older plugin)"] = (args.before_src.resolve(), "", TESTS)
+    for given in args.compare_src:
+        label, _, folder = given.rpartition("=")
+        if not label or not Path(folder, "pytest_cuda").is_dir():
+            parser.error(f"--compare-src {given!r}: LABEL=DIR, DIR a src folder with pytest_cuda")
+        if label in variants:
+            parser.error(f"--compare-src {given!r}: the variant {label!r} is already run")
+        variants[label] = (Path(folder).resolve(), "", TESTS)
     walls: dict[str, list[float]] = {name: [] for name in variants}
     per_test: dict[str, list[float]] = {name: [] for name in variants}
     first: dict[str, list[float]] = {name: [] for name in variants}

@@ -220,7 +220,7 @@ class Workdirs:
             self._root = Path(tempfile.mkdtemp(prefix="pytest-cuda-"))
         self._count += 1
         path = self._root / f"{label}-{self._count}"
-        path.mkdir()
+        path.mkdir(mode=0o700)
         return path
 
     def discard(self, path: Path) -> None:

@@ -515,3 +515,29 @@ def test_warm_ranks_give_memory_back_for_the_next_test(pytester: pytest.Pytester
             "PASSED test_give_back.py::test_2_needs_most_of_it",
         ]
     )
+
+
+def test_nccl_ranks_listen_on_loopback_only(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While warm NCCL ranks are up on two GPUs, neither the pytest process (the
+    rendezvous store) nor a rank (NCCL's bootstrap and proxy) listens beyond loopback,
+    as the operating system lists them; fresh ranks (``isolate=True``) the same
+    (issue 43; the gloo run is ``test_distributed_store.py``'s)."""
+    from test_distributed_store import loopback_suite, plant_listening
+
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    plant_listening(pytester)
+    pytester.makepyfile(test_planted=loopback_suite(None))
+    result = pytester.runpytest_subprocess("--cuda-devices=0,1", "-rA", "-p", "no:cacheprovider")
+    _keep("pytest --cuda-devices=0,1 (NCCL ranks: what listens, from /proc/net/tcp)", result)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*Captured stdout (rank 0) call*",
+            "GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME==lo",
+            "*Captured stdout call*",
+            "pid * listens on 127.0.0.1:*",
+        ]
+    )

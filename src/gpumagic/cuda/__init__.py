@@ -98,6 +98,7 @@ from gpumagic.cuda.objects import (
 )
 from gpumagic.cuda.op_counts import OpCounts, count_ops
 from gpumagic.cuda.process_group import (
+    UnexpectedStoreValue,
     connect_store,
     host_store,
     join_group,
@@ -106,6 +107,7 @@ from gpumagic.cuda.process_group import (
     live_groups,
     mark_rank_done,
     rank_device,
+    rank_environment,
     unknown_backends,
     wait_for_ranks,
 )
@@ -144,6 +146,7 @@ __all__ = [
     "SmClock",
     "SyncEvent",
     "TensorFacts",
+    "UnexpectedStoreValue",
     "allocated_bytes",
     "allocation_marks",
     "allocator_backend",
@@ -184,6 +187,7 @@ __all__ = [
     "on_cuda_init",
     "profile_kernels",
     "rank_device",
+    "rank_environment",
     "record_event",
     "release_blas_workspaces",
     "release_cached_blocks",

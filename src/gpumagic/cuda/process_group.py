@@ -1,28 +1,38 @@
 """``torch.distributed`` for tests that run in several processes, one rank each.
 
 The pytest process hosts the rendezvous (:func:`host_store`, a ``TCPStore`` on a free
-localhost port that the operating system picks, so no two tests race for a port);
-each rank process connects to it once (:func:`connect_store`), then joins a process
-group through it (:func:`join_group`, warmed up by one barrier and one all-reduce) and
-leaves it (:func:`leave_group`). Warm ranks keep their group from test to test and
-rebuild it under a new prefix of the store, so no group reads another's rendezvous
-keys. Hosting the store imports torch but creates no CUDA context.
+port of the loopback address that the operating system picks, so no two tests race for
+a port); each rank process connects to it once (:func:`connect_store`), then joins a
+process group through it (:func:`join_group`, warmed up by one barrier and one
+all-reduce) and leaves it (:func:`leave_group`). Warm ranks keep their group from test
+to test and rebuild it under a new prefix of the store, so no group reads another's
+rendezvous keys. Hosting the store imports torch but creates no CUDA context.
+
+Nothing listens beyond this host (issue 43): the store serves a socket bound to
+``127.0.0.1`` (given ``127.0.0.1``, torch's own server would listen on every
+interface), and the ranks' backends are pointed at the loopback interface
+(:func:`rank_environment`). What this module writes to the store is plain text, and what
+it reads back is compared with that text, never loaded as an object.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.cuda.discovery import CudaUnavailable, torch_module
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from types import ModuleType
 
     import torch
 
 __all__ = [
     "HOST",
+    "UnexpectedStoreValue",
     "connect_store",
     "host_store",
     "join_group",
@@ -31,12 +41,17 @@ __all__ = [
     "live_groups",
     "mark_rank_done",
     "rank_device",
+    "rank_environment",
     "unknown_backends",
     "wait_for_ranks",
 ]
 
 HOST = "127.0.0.1"
 _DONE = "pytest_cuda/done/"
+#: What a rank writes under its done key (:func:`mark_rank_done`).
+_DONE_VALUE = b"1"
+#: The variables that pick the network interface of gloo's and NCCL's own sockets.
+_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: This rank's client of the store, once it connected.
 _STORES: list[Any] = []
 
@@ -66,18 +81,47 @@ def unknown_backends(backend: str) -> list[str]:
     return [name for name in names if name not in known]
 
 
+class UnexpectedStoreValue(RuntimeError):
+    """A key of the rendezvous store holds what no rank of this session wrote there."""
+
+
 def host_store(timeout_s: float) -> tuple[Any, int]:
-    """A rendezvous store served from this process, and its port (picked free)."""
+    """A rendezvous store served from this process on ``127.0.0.1`` only, and its port
+    (picked free).
+
+    The store's server is handed a socket already listening on the loopback address
+    (``master_listen_fd``): asked for ``127.0.0.1``, torch's server binds every
+    interface, so anyone on the network could write the rendezvous keys. The server
+    gets a duplicate of the socket and closes it with the store.
+    """
     dist = _distributed()
-    store = dist.TCPStore(
-        HOST,
-        0,
-        None,
-        True,
-        datetime.timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-    )
+    with socket.create_server((HOST, 0)) as listener:
+        port = listener.getsockname()[1]
+        store = dist.TCPStore(
+            HOST,
+            port,
+            None,
+            True,
+            datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=os.dup(listener.fileno()),
+        )
     return store, int(store.port)
+
+
+def rank_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a rank process on this host needs on top of ``environ`` so that
+    gloo's and NCCL's own sockets listen on the loopback interface: one for each of
+    ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` not set in ``environ`` (a value
+    the user set is kept), none where this host has no interface named ``lo`` or
+    ``lo0``. No torch."""
+    names = {name for _, name in socket.if_nameindex()}
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    if loopback is None:
+        return {}
+    # NCCL matches interface names by prefix; "=" asks for this one alone.
+    values = {"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": f"={loopback}"}
+    return {name: values[name] for name in _INTERFACE_VARIABLES if not environ.get(name)}
 
 
 def rank_device(device_index: int | None) -> torch.device:
@@ -155,17 +199,34 @@ def live_groups() -> dict[int, str]:
 def mark_rank_done(rank: int, job: str) -> bool:
     """Tell the other ranks this one is done with ``job`` (through the store, not a
     collective, so it cannot be mistaken for a collective they wait in); ``False``
-    before connecting."""
+    before connecting. :class:`UnexpectedStoreValue` if the key already holds something
+    else (each job's keys are new: only another process can have written it)."""
     if not _STORES:
         return False
-    _STORES[0].set(f"{_DONE}{job}/{rank}", "1")
+    key = f"{_DONE}{job}/{rank}"
+    found = bytes(_STORES[0].compare_set(key, "", _DONE_VALUE.decode()))
+    _check_done(key, found)
     return True
 
 
 def wait_for_ranks(world_size: int, job: str, timeout_s: float) -> None:
-    """Wait until every rank said it is done with ``job`` (:func:`mark_rank_done`)."""
+    """Wait until every rank said it is done with ``job`` (:func:`mark_rank_done`);
+    :class:`UnexpectedStoreValue` if a rank's key holds anything but what ranks write."""
     keys = [f"{_DONE}{job}/{rank}" for rank in range(world_size)]
-    _STORES[0].wait(keys, datetime.timedelta(seconds=timeout_s))
+    store = _STORES[0]
+    store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    for key in keys:
+        _check_done(key, bytes(store.get(key)))
+
+
+def _check_done(key: str, found: bytes) -> None:
+    """``found`` is compared as bytes, never decoded into an object."""
+    if found != _DONE_VALUE:
+        raise UnexpectedStoreValue(
+            f"the rendezvous store's key {key!r} holds {len(found)} bytes that no rank "
+            f"wrote (a rank writes {_DONE_VALUE!r}): another process wrote to this "
+            "session's store; the value was not read further"
+        )
 
 
 def leave_group() -> None:

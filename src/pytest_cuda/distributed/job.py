@@ -7,12 +7,18 @@ The launcher (:mod:`pytest_cuda.distributed.launch`) writes a :class:`JobRun` to
 job's folder, a private temporary directory; each rank
 (:mod:`pytest_cuda.distributed.rank_main`) reads it back with :func:`read_job`. The
 file is a pickle: the test's call is one already, and nothing but this package's own
-processes reads it. Importing this module imports nothing but the standard library.
+processes reads it. A pickle runs code when loaded, so it travels only through a file
+in a folder of this user's that no one else may write to (mode 0700), which
+:func:`read_job` checks before loading; nothing the processes exchange through the
+rendezvous store or a socket is a pickle (issue 43). Importing this module imports
+nothing but the standard library.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,8 +83,10 @@ class JobRun:
 
 
 def read_job(folder: Path) -> JobRun:
-    """The :class:`JobRun` in ``folder``; :class:`TypeError` if the file holds another
-    object (a launcher of another version)."""
+    """The :class:`JobRun` in ``folder``; :class:`PermissionError` if the folder is not
+    private to this user (checked before the pickle is loaded), :class:`TypeError` if
+    the file holds another object (a launcher of another version)."""
+    _check_private(folder)
     found = pickle.loads((folder / JOB_FILE).read_bytes())
     if not isinstance(found, JobRun):
         raise TypeError(
@@ -86,3 +94,16 @@ def read_job(folder: Path) -> JobRun:
             "the rank and its launcher come from different versions of pytest_cuda"
         )
     return found
+
+
+def _check_private(folder: Path) -> None:
+    """Refuse a folder that another user owns or may write to: whoever can write the
+    job file there chooses the code that loading it runs."""
+    info = folder.stat()
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != os.getuid() or mode & 0o077:
+        raise PermissionError(
+            f"{folder} is not private to this user (owner uid {info.st_uid}, mode "
+            f"{mode:04o}; this rank runs as uid {os.getuid()}): a rank loads its job, a "
+            "pickle, only from a folder of its own user's with mode 0700"
+        )

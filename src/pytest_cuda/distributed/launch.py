@@ -139,6 +139,7 @@ def start_rank(
     package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
+    env.update(cuda.rank_environment(env))  # gloo's and NCCL's sockets on loopback
     return subprocess.Popen(
         [sys.executable, "-m", "pytest_cuda.distributed.rank_main", *args],
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,

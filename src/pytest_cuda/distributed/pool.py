@@ -73,7 +73,7 @@ class RankPool:
             self.group_timeout = max(needed, GROUP_TIMEOUT_S)
         self.jobs += 1
         folder = self.folder / f"job{self.jobs}"
-        folder.mkdir()
+        folder.mkdir(mode=0o700)
         try:
             write_job(
                 job,
@@ -139,7 +139,7 @@ class RankPools:
             if self._folder is None:
                 self._folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
             folder = self._folder / f"pool{len(self.pools)}"
-            folder.mkdir()
+            folder.mkdir(mode=0o700)
             found = self.pools[key] = RankPool(key, folder)
         return found
 
