@@ -182,7 +182,7 @@ def test_nccl_ranks_on_two_gpus(pytester: pytest.Pytester) -> None:
         [
             "LEAKED test_planted.py::test_leak_on_rank1 on rank 1 - 8.0 MiB on cuda:1, "
             "allocated at test_planted.py:* in test_leak_on_rank1, held by "
-            "test_planted.KEPT[0] (module global)",
+            "test_planted.KEPT[[]0] (module global)",  # [[]: fnmatch's literal "["
         ]
     )
     result.stdout.fnmatch_lines(
@@ -425,7 +425,7 @@ def test_warm_nccl_ranks_contain_failures_and_report_leftovers(pytester: pytest.
         [
             "LEAKED test_warm.py::test_03_keeps_memory_on_rank1 on rank 1 - 8.0 MiB on "
             "cuda:1, allocated at test_warm.py:* in test_03_keeps_memory_on_rank1, held by "
-            "test_warm.KEPT[0] (module global)",
+            "test_warm.KEPT[[]0] (module global)",  # [[]: fnmatch's literal "["
         ]
     )
     result.stdout.fnmatch_lines(
