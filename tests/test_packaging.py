@@ -37,6 +37,21 @@ def run(*args: str | Path, cwd: Path = ROOT) -> str:
     return done.stdout
 
 
+def _project_urls(metadata: str) -> dict[str, str]:
+    """The ``Project-URL`` fields of a distribution's metadata, by label."""
+    from email.parser import Parser
+
+    fields = Parser().parsestr(metadata, headersonly=True).get_all("Project-URL") or []
+    return dict(field.split(", ", 1) for field in fields)
+
+
+def _declared_urls() -> dict[str, str]:
+    import tomllib
+
+    urls: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    return urls
+
+
 def test_build_check_and_install_the_wheel(tmp_path: Path) -> None:
     pytest.importorskip("build")
     pytest.importorskip("twine")
@@ -50,6 +65,21 @@ def test_build_check_and_install_the_wheel(tmp_path: Path) -> None:
         names = archive.getnames()
     assert any(n.endswith("/LICENSE") for n in names)
     assert not any("/tests/" in n for n in names)  # all of the suite or none of it
+    # Where the project lives, in both (issue 39: no URL anywhere before).
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        wheel_urls = _project_urls(archive.read(metadata).decode())
+    with tarfile.open(sdist) as archive:
+        (pkg_info,) = (
+            m
+            for m in archive.getmembers()
+            if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")
+        )
+        extracted = archive.extractfile(pkg_info)
+        assert extracted is not None
+        sdist_urls = _project_urls(extracted.read().decode())
+    assert wheel_urls == sdist_urls == _declared_urls()
+    assert {"Homepage", "Documentation", "Source", "Changelog"} <= set(wheel_urls)
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv)
@@ -128,3 +158,26 @@ def test_the_readme_states_the_declared_floors() -> None:
     ):
         floor = re.sub(r"(\.0)+$", "", floors[name])
         assert re.search(rf"\b{shown} {re.escape(floor)}\b(?!\.)", readme), (name, floor)
+
+
+def test_the_readme_links_the_project_urls() -> None:
+    """The README (the sdist's and the wheel's description too) links the repository,
+    the docs and the changelog that ``[project.urls]`` declares, as absolute links: a
+    relative one names nothing on an index's page (issue 39)."""
+    readme = (ROOT / "README.md").read_text()
+    urls = _declared_urls()
+    for label in ("Source", "Documentation", "Changelog"):
+        assert urls[label].startswith("https://"), (label, urls[label])
+        assert urls[label] in readme, label
+
+
+def test_the_readme_installs_torch_before_the_package() -> None:
+    """The README gives PyTorch's CPU-only and CUDA install commands before
+    ``pip install .``, which would otherwise take a CUDA torch from PyPI (issue 39)."""
+    readme = (ROOT / "README.md").read_text()
+    cpu = readme.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    cuda = readme.index("pip install torch --index-url https://download.pytorch.org/whl/cu1")
+    assert max(cpu, cuda) < readme.index("pip install .\n")
+    # The quickstart's "two commands do it all" stays.
+    assert "make demo    # sets itself up" in readme
+    assert "make test    # sets itself up" in readme

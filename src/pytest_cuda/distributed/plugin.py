@@ -47,6 +47,8 @@ __all__ = ["PendingRank", "rank_pools"]
 
 RANK_FIXTURE = "cuda_rank"
 _POOLS = pytest.StashKey["RankPools"]()
+#: The ranks' warnings relayed so far this session: (category, message, file, line).
+_RELAYED = pytest.StashKey[set[tuple[str, str, str, int]]]()
 
 
 class PendingRank:
@@ -168,11 +170,10 @@ def _pickled_call(item: pytest.Function) -> bytes:
         except Exception as exc:
             kind = "parameter" if name in params else "fixture"
             problems.append(f"  {kind} {name!r} ({type(value).__qualname__}): {exc}")
-    try:
-        pickle.dumps(item.obj)
-    except Exception as exc:
+    function, error = _rank_function(item.obj)
+    if error is not None:
         problems.append(
-            f"  the test function {item.name} itself: {exc} (define it at module or class "
+            f"  the test function {item.name} itself: {error} (define it at module or class "
             "level, not inside another function)"
         )
     if problems:
@@ -184,7 +185,29 @@ def _pickled_call(item: pytest.Function) -> bytes:
             "build them in the test body.",
             pytrace=False,
         )
-    return pickle.dumps((item.obj, kwargs))
+    return pickle.dumps((function, kwargs))
+
+
+def _rank_function(obj: object) -> tuple[object, Exception | None]:
+    """What the ranks call: the test function, or the first object down the chain of
+    ``__wrapped__`` that pickles, where another plugin wrapped the test in a function of
+    its own (pytest-memray does, with :func:`functools.wraps`, to track the pytest
+    process's memory while the test runs; the ranks are other processes). A wrapper at
+    module level that pickles is kept: it is the test as its module defines it. With
+    nothing that pickles, the innermost error: the one about the test function."""
+    seen: set[int] = set()
+    while True:
+        try:
+            pickle.dumps(obj)
+        except Exception as exc:
+            error = exc
+        else:
+            return obj, None
+        seen.add(id(obj))
+        wrapped = getattr(obj, "__wrapped__", None)
+        if wrapped is None or id(wrapped) in seen:
+            return obj, error
+        obj = wrapped
 
 
 def _rank_leak_settings(item: pytest.Item) -> LeakSettings | None:
@@ -215,12 +238,25 @@ def _add_sections(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
 
 
 def _warn(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
-    """A rank's warnings, raised again here so pytest's summary shows them."""
+    """A rank's warnings, raised again here so pytest's summary shows them: each one
+    (category, message, file and line) once a session, naming the ranks that raised it.
+    Every rank process imports torch, and a fresh one imports it again: its import
+    warnings ("Failed to initialize NumPy") are one warning, not one per rank start."""
+    relayed = item.config.stash.setdefault(_RELAYED, set())
+    ranks: dict[tuple[str, str, str, int], list[int]] = {}
     for outcome in outcomes:
         for category_name, message, filename, lineno in outcome.warnings:
-            category: Any = getattr(builtins, category_name, None)
-            text = f"rank {outcome.rank}: {message}"
-            if not (isinstance(category, type) and issubclass(category, Warning)):
-                category = UserWarning
-                text = f"rank {outcome.rank}: {category_name}: {message}"
-            warnings.warn_explicit(text, category, filename, lineno, module=item.name)
+            key = (category_name, message, filename, lineno)
+            if key not in relayed:
+                ranks.setdefault(key, []).append(outcome.rank)
+    for key, raised_by in ranks.items():
+        relayed.add(key)
+        category_name, message, filename, lineno = key
+        names = ", ".join(str(rank) for rank in sorted(set(raised_by)))
+        who = f"rank {names}" if len(set(raised_by)) == 1 else f"ranks {names}"
+        category: Any = getattr(builtins, category_name, None)
+        text = f"{who}: {message}"
+        if not (isinstance(category, type) and issubclass(category, Warning)):
+            category = UserWarning
+            text = f"{who}: {category_name}: {message}"
+        warnings.warn_explicit(text, category, filename, lineno, module=item.name)
