@@ -42,6 +42,7 @@ from pytest_cuda.run_devices import (
     asked_for_devices,
     distributing,
     header_lines,
+    pinned_by,
     run_devices,
     unavailable,
     worker_plan,
@@ -118,7 +119,7 @@ def _pin_workers(config: pytest.Config) -> None:
     if manager.has_plugin("xdist") and not manager.has_plugin("cuda.xdist"):
         from pytest_cuda.xdist_pinning import XdistPinning
 
-        manager.register(XdistPinning(worker_plan), "cuda.xdist")
+        manager.register(XdistPinning(worker_plan, pinned_by), "cuda.xdist")
 
 
 def pytest_addoption(parser: Parser) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "asked_for_devices",
     "distributing",
     "header_lines",
+    "pinned_by",
     "run_devices",
     "unavailable",
     "worker_plan",
@@ -89,13 +90,25 @@ def _plan(
     status: CudaStatus,
 ) -> WorkerPlan | None:
     per_worker = settings_of(config).devices_per_worker
-    if (request is None and per_worker is None) or not devices or not distributing(config):
+    source = pinned_by(config)
+    if source is None or not devices or not distributing(config):
         return None
-    source = request.source if request else f"--cuda-devices-per-worker={per_worker}"
     from pytest_cuda.selection import WorkerPlan, group_devices
 
     groups = group_devices(devices, per_worker or 1)
     return WorkerPlan(groups, per_worker or 1, status.visible_devices_env, source)
+
+
+def pinned_by(config: pytest.Config) -> str | None:
+    """The option that asks for xdist workers to be pinned (``--cuda-devices=0,1`` as
+    given, or ``--cuda-devices-per-worker=N``); ``None``: workers are left alone. Asked
+    with or without a GPU: the ``--tx`` specs it cannot go with are refused either way."""
+    settings = settings_of(config)
+    if settings.device_request is not None:
+        return settings.device_request.source
+    if settings.devices_per_worker is not None:
+        return f"--cuda-devices-per-worker={settings.devices_per_worker}"
+    return None
 
 
 def worker_plan(config: pytest.Config) -> WorkerPlan | None:

@@ -81,11 +81,18 @@ class XdistPinning:
     """Controller-side xdist hooks: worker count for ``-n auto``, a device group per worker.
 
     ``plan_for(config)`` answers the run's :class:`~pytest_cuda.selection.WorkerPlan`,
-    or ``None`` when no devices were asked for (then workers are left alone).
+    or ``None`` when no devices were asked for or none is there (then workers are left
+    alone); ``pinned_by(config)`` the option that asked for pinning (``None``: none did),
+    whose ``--tx`` conflicts are usage errors with or without a GPU.
     """
 
-    def __init__(self, plan_for: Callable[[pytest.Config], WorkerPlan | None]) -> None:
+    def __init__(
+        self,
+        plan_for: Callable[[pytest.Config], WorkerPlan | None],
+        pinned_by: Callable[[pytest.Config], str | None],
+    ) -> None:
         self._plan_for = plan_for
+        self._pinned_by = pinned_by
         self._slots: dict[int, int] = {}
 
     @pytest.hookimpl(tryfirst=True)
@@ -95,20 +102,25 @@ class XdistPinning:
         return len(plan.groups) if plan is not None else None
 
     def pytest_xdist_setupnodes(self, config: pytest.Config, specs: Sequence[XSpec]) -> None:
-        plan = self._plan_for(config)
-        if plan is None:
+        source = self._pinned_by(config)
+        if source is None:
             return
+        # Checked before the plan: the same run is refused on a machine without a GPU,
+        # where there is nothing to pin (it passed silently there; issue 39).
         for spec in specs:
             if not spec.popen:
                 raise pytest.UsageError(
-                    f"{plan.source} pins local workers only, and {spec!r} is not a popen "
-                    f"worker; drop {plan.source} or set {ENV} with --tx …//env:{ENV}=…"
+                    f"{source} pins local workers only, and {spec!r} is not a popen "
+                    f"worker; drop {source} or set {ENV} with --tx …//env:{ENV}=…"
                 )
             if ENV in spec.env:
                 raise pytest.UsageError(
-                    f"{spec!r} sets {ENV} itself, and {plan.source} would pin the "
+                    f"{spec!r} sets {ENV} itself, and {source} would pin the "
                     "workers too; use one of them"
                 )
+        plan = self._plan_for(config)
+        if plan is None:
+            return
         for slot, spec in enumerate(specs):
             spec.env[ENV] = plan.visible_devices(slot)
             self._slots[id(spec)] = slot

@@ -1,7 +1,8 @@
 """The seam's runtime faked for the logic tests (the real GPU runs: ``*_gpu.py``).
 
 :class:`FakeSeam` is a GPU as the ``%cudatime`` engine meets it: the host does a body's
-work (:func:`sleeper`), so its events read the host clock; its board and SM clocks are a
+work (:func:`busy_wait`), so its events read the host clock (or a :class:`FakeClock`,
+through :meth:`FakeSeam.on_clock`); its board and SM clocks are a
 :class:`fake_cuda.FakeMachine`. :class:`FakeDevice` is ``%lprun``'s asynchronous GPU:
 ``launch(seconds)`` queues work, ``synchronize`` and ``item`` wait for it in real time, its
 events carry the work launched before them, and its memory is a
@@ -46,13 +47,11 @@ class FakeClock:
         return lambda: self.advance(seconds)
 
 
-def sleeper(seconds: float) -> Callable[[], None]:
-    def body() -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
-    return body
+def busy_wait(seconds: float) -> None:
+    """Keep the host busy for ``seconds`` of its real clock."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,7 @@ class FakeSeam:
     log: list[str] = field(default_factory=list)
     clock: Callable[[], float] = time.perf_counter  # what events and waits go by
     wait: Callable[[float], None] = time.sleep
+    spend: Callable[[float], None] = field(default_factory=lambda: busy_wait)  # a body's work
     calls: int = 0
     fixed_span: float = 0.0
     slow_after: int = 0  # with fixed_span: 20 % slower once the body ran this often
@@ -82,6 +82,14 @@ class FakeSeam:
     machine: FakeMachine = field(
         default_factory=lambda: FakeMachine([board(0, "Fake GPU")], torch="2.x")
     )
+
+    def on_clock(self, clock: FakeClock) -> FakeSeam:
+        """Events, waits and :func:`counting` bodies on ``clock``: exact times on a loaded host
+        (the engine's own host clock too needs ``monkeypatch.setattr(timing, "time", clock)``)."""
+        self.clock = clock.perf_counter
+        self.wait = clock.advance
+        self.spend = clock.advance
+        return self
 
     def install(self, monkeypatch: pytest.MonkeyPatch, **more: Any) -> Any:
         """This seam's machine, methods and answers, and ``more`` (a subclass's, which win)."""
@@ -159,7 +167,7 @@ def counting(seam: FakeSeam, seconds: float, cold: float | None = None) -> Calla
     def run(n: int) -> None:
         for _ in range(n):
             seam.calls += 1
-            sleeper(cold if seam.flushed and cold is not None else seconds)()
+            seam.spend(cold if seam.flushed and cold is not None else seconds)
             seam.flushed = False
 
     return run

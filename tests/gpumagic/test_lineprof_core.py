@@ -386,10 +386,11 @@ def test_keyboard_interrupt_stops_synchronizing(dev: FakeDevice) -> None:
 
     prof = GpuLineProfiler()
     prof.add_target(interrupted)
-    started = time.perf_counter()
     with pytest.raises(KeyboardInterrupt), prof.session():
         interrupted(dev)
-    assert time.perf_counter() - started < 0.5  # did not wait for the pretend GPU
+    # Did not wait for the pretend GPU: its 1 s of work is still queued (not a time bound,
+    # which a loaded host can break: issue 39).
+    assert time.perf_counter() < dev.free_at
     assert rows(prof, interrupted)[1][1] >= WORK * 0.98  # synchronized until then
 
 

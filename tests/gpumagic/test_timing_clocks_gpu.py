@@ -89,9 +89,21 @@ def test_timer_cupti_is_the_same_runs_cupti_time(
     assert r.median == pytest.approx(r.kernel_time, rel=0.01)
     assert r.repeat >= 3
     assert r.events_time is not None
-    assert r.events_time == pytest.approx(r.median, rel=0.01)  # a spin has no gaps
-    assert "CUPTI kernel time of profiled runs" in r.text()
-    assert "CUDA events, median of" in r.text()
+    # A spin has no gaps: the events time is the CUPTI time, at one clock. A spin counts
+    # cycles, so its time is 1/clock: where the SM clock moved between the events pass
+    # and the profiled pass (another GPU of the board busy, a power state; within the
+    # 2 % the events row keeps quiet about), the two times differ by the clocks' ratio.
+    # This failed once on two H200s, log lost: the clock is what can move (issue 39).
+    events_clock = checks.clock_range(r.event_clocks_mhz)
+    cupti_clock = checks.clock_range(r.run_clocks_mhz)
+    clocks = 1.0
+    if events_clock is not None and cupti_clock is not None:
+        clocks = cupti_clock[1] / events_clock[1]
+    print(f"clocks: events {events_clock}, CUPTI {cupti_clock}")
+    assert r.events_time / r.median == pytest.approx(clocks, rel=0.01)
+    text = " ".join(r.text().split())  # a long row wraps: its words, not its lines
+    assert "CUPTI kernel time of profiled runs" in text
+    assert "CUDA events, median of" in text
 
 
 @pytest.mark.gpu_timing
@@ -108,8 +120,9 @@ def test_timer_cupti_on_a_matmul_shows_the_events_and_their_gap(
     assert r.events_time is not None
     assert r.gap_time is not None
     assert r.gap_time > -0.01 * r.median  # events cannot be much under the kernels
+    text = " ".join(r.text().split())  # a long row wraps: its words, not its lines
     if r.gap_time > 0:
-        assert "gaps" in r.text()
+        assert "gaps" in text
     # Events of the runs without the profiler against CUPTI: a compute-bound matmul's
     # time follows the clock, so the two agree where both passes ran at one clock; where
     # a power cap moved the clock between the passes, the events row says so.
@@ -118,7 +131,8 @@ def test_timer_cupti_on_a_matmul_shows_the_events_and_their_gap(
     if apart is None:
         assert 0.97 < r.events_time / r.median < 1.10
     else:
-        assert apart in r.text()
+        # The sentence was there, wrapped across two lines, and failed on an H200.
+        assert " ".join(apart.split()) in text
 
 
 @pytest.mark.gpu_timing

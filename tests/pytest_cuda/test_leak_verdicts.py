@@ -407,7 +407,7 @@ def test_the_memory_report_alone_is_not_announced_as_a_leak_check(
     result = pytester.runpytest("--cuda-memory-report=1")
     assert result.parseoutcomes() == {"passed": 4}
     result.stdout.no_fnmatch_line("cuda leak check*")
-    result.stdout.fnmatch_lines(["*= CUDA memory: the 1 largest peaks =*"])
+    result.stdout.fnmatch_lines(["*= CUDA memory: the largest peak =*"])
 
 
 def test_without_cuda_the_memory_report_says_what_it_cannot_do(
@@ -432,3 +432,49 @@ def test_a_holder_search_of_zero_or_none_has_no_limit(
     pytester.makeini(f"[pytest]\ncuda_leak_holder_search = {value}\n")
     result = pytester.runpytest("--cuda-leak-check")
     result.stdout.fnmatch_lines(["cuda leak check: *holders searched to the end"])
+
+
+def test_a_memory_report_with_no_allocation_says_no_peaks(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    """It said "the 0 largest peaks" (issue 39)."""
+    planted("def test_uses_cuda(fake_cuda):\n    pass\n")
+    result = pytester.runpytest("--cuda-leak-check", "--cuda-memory-report=3")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*= CUDA memory: no peaks =*", "no test allocated CUDA memory"])
+    result.stdout.no_fnmatch_line("*largest peak*")
+
+
+def test_without_cuda_no_test_is_counted_as_checked(pytester: pytest.Pytester) -> None:
+    """The header said "nothing to check" and the footer "1 test checked, no leak"
+    (issue 39): without a usable GPU, no test is checked, and the footer says none."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.cuda_leak_check
+        def test_marked():
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    pytester.makeconftest(
+        "from gpumagic import cuda\n"
+        "from gpumagic.devices import CudaStatus\n"
+        "cuda.status = lambda: CudaStatus(False, 'no usable GPU: made up')\n"
+    )
+    for option, header in [
+        ("--cuda-leak-check", "cuda leak check: nothing to check"),
+        ("--cuda-memory-report=3", "cuda memory report: nothing to measure"),  # and the marker
+        ("-p no:cacheprovider", None),  # the marker alone
+    ]:
+        result = pytester.runpytest_subprocess(option)
+        result.assert_outcomes(passed=2)
+        if header is None:
+            result.stdout.no_fnmatch_line("cuda *")
+        else:
+            result.stdout.fnmatch_lines([f"{header}, *no usable GPU: made up*"])
+        result.stdout.no_fnmatch_line("cuda leak check: * checked*")
+        result.stdout.no_fnmatch_line("*CUDA memory*")

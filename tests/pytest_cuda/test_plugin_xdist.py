@@ -274,6 +274,33 @@ def test_tx_that_sets_the_variable_conflicts(
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("tx", "message"),
+    [
+        (
+            "popen//env:CUDA_VISIBLE_DEVICES=1",
+            "ERROR: <XSpec *env:CUDA_VISIBLE_DEVICES=1*> sets CUDA_VISIBLE_DEVICES itself, "
+            "and --cuda-devices=all would pin the workers too; use one of them",
+        ),
+        (
+            "ssh=gpu-host//python=python3",
+            "ERROR: --cuda-devices=all pins local workers only, and <XSpec *ssh=gpu-host*> is "
+            "not a popen worker; drop --cuda-devices=all or set CUDA_VISIBLE_DEVICES with --tx *",
+        ),
+    ],
+)
+def test_tx_conflicts_are_usage_errors_without_a_gpu_too(
+    pytester: pytest.Pytester, recording: FakeGpus, tx: str, message: str
+) -> None:
+    """They passed silently on a CPU machine, exit status 0 (issue 39): the options
+    conflict whatever devices there are."""
+    recording(**CPU_BUILD)
+    pytester.makepyfile(DEVICE_TESTS)
+    result = pytester.runpytest_subprocess("--tx", tx, "--dist", "load", "--cuda-devices=all")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
 def test_tx_pinning_by_hand_still_works(pytester: pytest.Pytester, recording: FakeGpus) -> None:
     # The pytorch/ao way: without --cuda-devices the plugin leaves --tx env alone.
     recording(h200s(4))

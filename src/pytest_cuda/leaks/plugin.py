@@ -257,10 +257,12 @@ def _summarize_peaks(tr: TerminalReporter, reports: list[pytest.TestReport], cou
             rows.append((peak, peak - start, device, report.nodeid))
     rows.sort(key=lambda row: (-row[0], -row[1], row[3]))
     shown = rows[:count]
-    tr.write_sep("=", f"CUDA memory: the {len(shown)} largest peaks")
     if not shown:
+        tr.write_sep("=", "CUDA memory: no peaks")
         tr.write_line("no test allocated CUDA memory")
         return
+    largest = "the largest peak" if len(shown) == 1 else f"the {len(shown)} largest peaks"
+    tr.write_sep("=", f"CUDA memory: {largest}")
     width = max(len(format_bytes(peak)) for peak, *_ in shown)
     for peak, above, device, nodeid in shown:
         tr.write_line(
