@@ -91,7 +91,7 @@ class Comparison:
                 if r.runs >= IQR_RUNS
                 else f"({r.runs} run{'s' if r.runs != 1 else ''})"
             )
-            interval = ""
+            interval = DASH  # the baseline, or too few runs
             if r.speedup_low is not None and r.speedup_high is not None:
                 interval = f"{r.speedup_low:.2f}{DASH}{r.speedup_high:.2f}{TIMES}"
             status = "; ".join([r.status, *r.not_applied])
