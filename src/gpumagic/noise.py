@@ -58,7 +58,7 @@ class RatioInterval:
         return self.low <= 1.0 <= self.high
 
     def text(self) -> str:
-        """``"0.97–1.04×"``, or ``"n/a"`` when unbounded."""
+        """``"0.97-1.04x"`` (en dash, times sign), or ``"n/a"`` when unbounded."""
         if not self.bounded:
             return "n/a"
         return f"{_ratio(self.low)}\u2013{_ratio(self.high)}\u00d7"
@@ -116,9 +116,9 @@ def _rank_cutoff(m: int, n: int, tail: float) -> int:
 
 def _u_counts(m: int, n: int) -> list[int]:
     """How many of the ``C(m + n, m)`` orderings give ``U = 0, 1, ..., m * n``."""
-    # counts[i][u]: orderings of i values of the first set and j of the second.
-    previous = [[1] for _ in range(n + 1)]  # i = 0: one ordering, U = 0
-    for i in range(1, m + 1):
+    # previous[j][u]: orderings of i - 1 values of the first set and j of the second.
+    previous = [[1] for _ in range(n + 1)]  # no values of the first set: U = 0
+    for _ in range(m):
         current = [[1]]  # j = 0
         for j in range(1, n + 1):
             # The largest value is from the first set (adds j to U) or the second.

@@ -204,8 +204,6 @@ def _verdict(base: CudaTimeResult, other: CudaTimeResult) -> tuple[str, float | 
     interval = ratio_interval(a, b)
     if not interval.bounded:
         return TOO_FEW_RUNS, None, None
-    if interval.holds_one:
-        status = NO_DIFFERENCE
-    else:
-        status = "FASTER" if interval.low > 1 else "SLOWER"
+    faster_or_slower = "FASTER" if interval.low > 1 else "SLOWER"
+    status = NO_DIFFERENCE if interval.holds_one else faster_or_slower
     return status, interval.low, interval.high

@@ -34,12 +34,9 @@ __all__ = [
     "quantile",
 ]
 
-#: The properties :meth:`CudaTimeResult.to_dict` adds to the fields.
-_STATISTICS = (
-    "timings best worst average stdev median q1 q3 iqr rel_iqr gpu_time host_time host_times "
-    "tflops gbps intensity clocks_mhz at_default_clock throttled gap_time events_time "
-    "cold_warm_ratio"
-).split()
+#: Properties :meth:`CudaTimeResult.to_dict` leaves out (an object, a rendering switch;
+#: ``gpu_times`` is ``timings`` on the GPU).
+_NOT_IN_DICT = ("gpu_times", "roofline", "brief")
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
 NBSP = "\u00a0"  # no-break space: textwrap does not break at it
@@ -594,6 +591,7 @@ class CudaTimeResult:
     def to_dict(self) -> dict[str, Any]:
         """Every field and statistic as plain JSON-serializable values."""
         data = asdict(self)
-        for name in _STATISTICS:
-            data[name] = getattr(self, name)
+        for name, attribute in vars(CudaTimeResult).items():
+            if isinstance(attribute, property) and name not in _NOT_IN_DICT:
+                data[name] = getattr(self, name)
         return data

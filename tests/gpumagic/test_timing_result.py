@@ -224,7 +224,8 @@ def test_compare_labels_same_faster_slower() -> None:
     ]
     assert table.rows[2].speedup == pytest.approx(10.025 / 5.0, rel=0.01)
     low, high = table.rows[2].speedup_low, table.rows[2].speedup_high
-    assert low is not None and high is not None
+    assert low is not None
+    assert high is not None
     assert 1 < low < table.rows[2].speedup < high
     text = str(table)
     assert " ".join(text.splitlines()[0].split()) == (
