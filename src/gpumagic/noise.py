@@ -9,6 +9,11 @@ half of ``1 - LEVEL`` below ``k``. It assumes only that runs are independent dra
 each set's timing; no normality, no bootstrap seed. Few runs give a wide (or no)
 interval, not a false verdict: 5 runs each is the fewest that reach the level.
 
+Runs of one call are not independent of the call, though: two back-to-back calls of
+the same body drift apart by about the spread of their own runs. So the interval is
+then widened, at both ends, by the larger interquartile range over the median of the
+two sets: a difference within that noise is not called a difference.
+
 Pure: no torch, no IPython.
 """
 
@@ -86,7 +91,18 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL)
     if k < 1:
         return RatioInterval(0.0, math.inf, level)
     differences = sorted(x - y for x in logs_a for y in logs_b)
-    return RatioInterval(math.exp(differences[k - 1]), math.exp(differences[m * n - k]), level)
+    # Runs within one call are not independent of the call: back-to-back calls of the
+    # same body drift apart by about the spread each shows. Widened by that spread, a
+    # difference smaller than the noise is not called one (issue 39).
+    drift = 1 + max(_spread(a), _spread(b))
+    low, high = math.exp(differences[k - 1]), math.exp(differences[m * n - k])
+    return RatioInterval(low / drift, high * drift, level)
+
+
+def _spread(values: Sequence[float]) -> float:
+    """The interquartile range over the median."""
+    median = quantile(values, 0.5)
+    return (quantile(values, 0.75) - quantile(values, 0.25)) / median
 
 
 def _thinned(values: Sequence[float]) -> list[float]:
