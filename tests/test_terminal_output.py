@@ -108,7 +108,7 @@ def test_cudatime_rows_are_aligned(
     shell: InteractiveShell, capfd: pytest.CaptureFixture[str]
 ) -> None:
     capfd.readouterr()
-    assert shell.run_cell(f"%cudatime --kernels {FAST} x @ x").success
+    assert shell.run_cell(f"%cudatime --kernels --verbose {FAST} x @ x").success
     out = capfd.readouterr().out
     assert len(_value_columns(out)) == 1, out
 

@@ -72,7 +72,7 @@ def check_device(options: TimingOptions) -> None:
     if options.device is None or options.host_only or not status.available:
         return
     spec = DeviceSpec((options.device,))
-    pick_devices(status.devices, spec, where=f"--device {options.device}")
+    pick_devices(status.devices, spec, where=f"--device {options.device_spec or options.device}")
 
 
 @contextlib.contextmanager

@@ -119,6 +119,12 @@ class CudaTimeMagics(Magics):
         help="significant digits shown (default: 3)",
     )
     @argument("-q", dest="quiet", action="store_true", help="show nothing")
+    @argument(
+        "--verbose",
+        action="store_true",
+        help="on the host, show every row, warning and note (by default a host timing "
+        "shows three lines: the time, the spread and one warning; the result holds the rest)",
+    )
     @argument("-o", dest="output", action="store_true", help="return the CudaTimeResult")
     @argument(
         "-v", dest="variable", metavar="VAR", help="store the CudaTimeResult in the variable VAR"
@@ -189,7 +195,9 @@ class CudaTimeMagics(Magics):
         "FlopCounterMode) for the roofline",
     )
     @argument(
-        "--device", metavar="DEVICE", help="device to time on: 0, cuda:1, or cpu for host timing"
+        "--device",
+        metavar="DEVICE",
+        help="device to time on: cuda (the current one), 0, cuda:1, or cpu for host timing",
     )
     @needs_local_scope
     @line_cell_magic
@@ -289,6 +297,8 @@ class CudaTimeMagics(Magics):
             raise
         if call.setup.strip() and (result.flops_counted or result.bytes_counted):
             result.notes.append(SETUP_NOTE)
+        result.magic = call.magic
+        result.verbose = call.verbose
         return result
 
     def _finish(self, call: _CudaTimeCall, result: CudaTimeResult) -> CudaTimeResult | None:
@@ -296,8 +306,9 @@ class CudaTimeMagics(Magics):
         shell = self.shell
         assert shell is not None
         if not call.quiet:
-            result.notes = [n for n in result.notes if _wording(n) not in self._notes_shown]
-            self._notes_shown.update(_wording(n) for n in result.notes)
+            if not result.brief:  # the notes are shown: not again this session
+                result.notes = [n for n in result.notes if _wording(n) not in self._notes_shown]
+                self._notes_shown.update(_wording(n) for n in result.notes)
             display(result)
         if call.variable:
             shell.user_ns[call.variable] = result
@@ -350,7 +361,10 @@ class _CudaTimeCall:
     body_at: tuple[int, int]
     #: The magic's source, filed under the running cell's name.
     source: str
+    #: ``%cudatime`` or ``%%cudatime``.
+    magic: str
     quiet: bool  # -q
+    verbose: bool  # --verbose
     output: bool  # -o
     variable: str | None  # -v
 
@@ -385,7 +399,9 @@ def _parse_call(parser: argparse.ArgumentParser, line: str, cell: str | None) ->
         setup_at=(0, len("%%cudatime ") + start),
         body_at=body_at,
         source=source,
+        magic="%cudatime" if cell is None else "%%cudatime",
         quiet=args.quiet,
+        verbose=args.verbose,
         output=args.output,
         variable=args.variable,
     )
@@ -459,7 +475,8 @@ def _token(line: str, start: int) -> tuple[str, int]:
 
 def _options(args: argparse.Namespace) -> TimingOptions:
     device, host_only = None, False
-    if args.device is not None:
+    # `cuda` is torch's name for the current CUDA device: the default, said aloud.
+    if args.device is not None and args.device.strip().lower() != "cuda":
         try:
             where = f"%cudatime: --device {args.device!r}"
             spec = parse_device_spec(
@@ -494,6 +511,7 @@ def _options(args: argparse.Namespace) -> TimingOptions:
             count=not args.no_count,
             timer=args.timer,
             clock_outliers=args.clock_outliers,
+            device_spec=None if args.device is None else args.device.strip(),
         )
     except ValueError as exc:
         raise UsageError(f"%cudatime: {exc}") from None

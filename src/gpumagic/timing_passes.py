@@ -55,6 +55,8 @@ class Report:
 
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Options asked for and not applied, with why (``--graph not used: needs CUDA``).
+    not_applied: list[str] = field(default_factory=list)
     interrupted: bool = False
 
     def interrupt(self, where: str) -> None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gpumagic.timing_result import FIRST_CALL_WARNING, TIMES
+from gpumagic.timing_result import FIRST_CALL_WARNING, IQR_RUNS, TIMES
 from gpumagic.units import format_time, quantile
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class TimingOptions:
     #: Runs whose SM clock was far off the median clock (``--clock-outliers``):
     #: ``"keep"`` them in the numbers (a note names them) or ``"drop"`` them.
     clock_outliers: str = "keep"
+    #: ``--device`` as the user typed it (``cuda:1``, ``cuda``), for messages; ``None``
+    #: when not given.
+    device_spec: str | None = None
 
     def __post_init__(self) -> None:
         for name, low, high in (
@@ -141,8 +144,8 @@ class TimingOptions:
             given.append(f"--timer {self.timer}")
         if self.clock_outliers != "keep":
             given.append(f"--clock-outliers {self.clock_outliers}")
-        if self.device is not None:
-            given.append(f"--device {self.device}")
+        if not self.host_only and (self.device is not None or self.device_spec):
+            given.append(f"--device {self.device_spec or self.device}")
         return given
 
 
@@ -275,9 +278,14 @@ def warnings_for(result: CudaTimeResult) -> list[str]:
             if gpu
             else "other work on this machine, or work that varies between calls"
         )
-        warn.append(
-            f"the spread is large: IQR is {result.rel_iqr * 100:.0f} % of the median ({causes})"
+        # Under 5 runs no IQR is shown: the warning names what is (min and max).
+        spread = (
+            f"IQR is {result.rel_iqr * 100:.0f} % of the median"
+            if result.repeat >= IQR_RUNS
+            else f"the runs span {(result.worst - result.best) / result.median * 100:.0f} % of "
+            "the median"
         )
+        warn.append(f"the spread is large: {spread} ({causes})")
     steady = result.host_time
     first = result.first_call
     if first is not None and first > 1e-3 and first > FIRST_CALL_FACTOR * steady:

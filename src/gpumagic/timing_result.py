@@ -16,13 +16,16 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpumagic import timing_brief as brief
 from gpumagic import timing_checks as checks
 from gpumagic.roofline import Roofline
+from gpumagic.timing_brief import IQR_RUNS
 from gpumagic.units import format_bytes, format_rate, format_time, quantile
 
 __all__ = [
     "DASH",
     "FIRST_CALL_WARNING",
+    "IQR_RUNS",
     "TIMES",
     "CudaTimeResult",
     "KernelStat",
@@ -31,6 +34,9 @@ __all__ = [
     "quantile",
 ]
 
+#: Properties :meth:`CudaTimeResult.to_dict` leaves out (an object, a rendering switch;
+#: ``gpu_times`` is ``timings`` on the GPU).
+_NOT_IN_DICT = ("gpu_times", "roofline", "brief")
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
 NBSP = "\u00a0"  # no-break space: textwrap does not break at it
@@ -177,10 +183,19 @@ class CudaTimeResult:
     interrupted: bool = False
     #: What may make the numbers misleading, one sentence each (``!`` lines).
     warnings: list[str] = field(default_factory=list)
+    #: Options asked for and not applied, each as ``"--graph not used: needs CUDA"``
+    #: (:func:`~gpumagic.timing_compare.compare` shows them in the result's row).
+    not_applied: list[str] = field(default_factory=list)
     #: How the numbers were made, one sentence each (``·`` lines).
     notes: list[str] = field(default_factory=list)
     #: Significant digits shown (``-p``).
     precision: int = 3
+    #: The magic that made it (``%cudatime`` or ``%%cudatime``): the output's heading.
+    magic: str = "%cudatime"
+    #: Whether a host timing shows every row, warning and note (``--verbose``); by
+    #: default it shows three lines at most: the time, the spread and one warning (GPU
+    #: timings always show everything).
+    verbose: bool = False
     #: What the headline is: ``"events"`` (CUDA events on the GPU, ``time.perf_counter``
     #: on the host) or ``"cupti"`` (``--timer cupti``: :attr:`all_runs` are profiled runs
     #: timed by CUPTI's summed kernel time).
@@ -359,10 +374,12 @@ class CudaTimeResult:
         what = "GPU time" if self.clock == "gpu" else "host time"
         runs = f"{self.repeat} run{'s' if self.repeat != 1 else ''}"
         loops = f"{self.loops:,} loop{'s' if self.loops != 1 else ''} each"
-        text = (
-            f"{self._t(self.median)} {what} per loop (median of {runs}, {loops}; "
-            f"IQR {self._t(self.iqr)}, min {self._t(self.best)})"
+        spread = (
+            f"IQR {self._t(self.iqr)}, min {self._t(self.best)}"
+            if self.repeat >= IQR_RUNS
+            else f"min {self._t(self.best)}, max {self._t(self.worst)}"
         )
+        text = f"{self._t(self.median)} {what} per loop (median of {runs}, {loops}; {spread})"
         if self.clock == "gpu":
             text += f"; host {self._t(self.host_time)} per loop"
         return text
@@ -385,8 +402,7 @@ class CudaTimeResult:
         """The result as ``(name, value, detail)`` rows, shared by text and HTML."""
         runs = f"median of {self.repeat} run{'s' if self.repeat != 1 else ''}"
         runs += f" {TIMES} {self.loops:,} loop{'s' if self.loops != 1 else ''}"
-        spread = f"IQR {self._t(self.iqr)} ({_percent(self.rel_iqr)})"
-        spread += f" · min {self._t(self.best)}"
+        spread = brief.spread(self)
         out: list[tuple[str, str, str]] = []
         mode = {"graph": ", CUDA graph replays", "cold": ", L2 flushed before each loop"}
         mode["cold graph"] = ", CUDA graph replays, L2 flushed before each loop"
@@ -499,9 +515,18 @@ class CudaTimeResult:
             out.append(line.row())
         return out
 
+    @property
+    def brief(self) -> bool:
+        """Whether the renderings are the short host form (a host timing without
+        :attr:`verbose`): the time, the spread and one warning at most."""
+        return self.clock == "host" and not self.verbose
+
     def text(self) -> str:
-        """The multi-line terminal rendering."""
-        lines = [f"%cudatime  {self.label}".rstrip() + f"    [{self._header()}]"]
+        """The multi-line terminal rendering (three lines at most on the host, unless
+        :attr:`verbose`)."""
+        if self.brief:
+            return "\n".join(brief.lines(self))
+        lines = [f"{self.magic}  {self.label}".rstrip() + f"    [{self._header()}]"]
         for name, value, detail in self.rows():
             head = f"  {name:<12} {value:<20} "
             parts = _wrap(detail, width=max(20, 80 - len(head))) or [""]
@@ -522,22 +547,26 @@ class CudaTimeResult:
         e = html.escape
         cell = "padding:1px 10px 1px 0;text-align:left;vertical-align:top;border:none"
         rows = []
-        for name, value, detail in self.rows():
+        shown = self.rows()[:1] if self.brief else self.rows()
+        for name, value, detail in shown:
             rows.append(
                 f'<tr><th style="{cell};font-weight:600">{e(name)}</th>'
                 f'<td style="{cell};white-space:nowrap"><b>{e(value)}</b></td>'
                 f'<td style="{cell}">{e(detail)}</td></tr>'
             )
-        items = "".join(f"<li>⚠ {e(w)}</li>" for w in self.warnings)
-        items += "".join(f"<li>{e(n)}</li>" for n in self.notes)
+        warnings = self.warnings[:1] if self.brief else self.warnings
+        items = "".join(f"<li>⚠ {e(w)}</li>" for w in warnings)
+        if not self.brief:
+            items += "".join(f"<li>{e(n)}</li>" for n in self.notes)
+        roofline = self.roofline if not self.brief else None
         notes = f'<ul style="margin:4px 0 0 0;padding-left:1.2em">{items}</ul>' if items else ""
         label = f" <code>{e(self.label)}</code>" if self.label else ""
         return (
             '<div class="gpumagic-cudatime" style="font-size:0.92em;line-height:1.35">'
-            f"<div><b>%cudatime</b>{label} "
+            f"<div><b>{e(self.magic)}</b>{label} "
             f'<span style="opacity:0.85">· {e(self._header())}</span> {self._sparkline()}</div>'
             f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table>'
-            f"{self.roofline.svg() if self.roofline else ''}{notes}</div>"
+            f"{roofline.svg() if roofline else ''}{notes}</div>"
         )
 
     def _sparkline(self) -> str:
@@ -562,29 +591,7 @@ class CudaTimeResult:
     def to_dict(self) -> dict[str, Any]:
         """Every field and statistic as plain JSON-serializable values."""
         data = asdict(self)
-        for name in (
-            "timings",
-            "best",
-            "worst",
-            "average",
-            "stdev",
-            "median",
-            "q1",
-            "q3",
-            "iqr",
-            "rel_iqr",
-            "gpu_time",
-            "host_time",
-            "host_times",
-            "tflops",
-            "gbps",
-            "intensity",
-            "clocks_mhz",
-            "at_default_clock",
-            "throttled",
-            "gap_time",
-            "events_time",
-            "cold_warm_ratio",
-        ):
-            data[name] = getattr(self, name)
+        for name, attribute in vars(CudaTimeResult).items():
+            if isinstance(attribute, property) and name not in _NOT_IN_DICT:
+                data[name] = getattr(self, name)
         return data

@@ -92,13 +92,15 @@ class Timer(Passes):
 
     def host_only(self, why: str) -> Measured:
         """Time on the host (``--device cpu``, or no GPU here: ``why``)."""
-        self._cuda_options_ignored()
+        self._cuda_options_ignored("--device cpu" if self.options.host_only else "needs CUDA")
         self.report.notes.append(f"Timed on the host like %timeit ({why}).")
         return self._host(first_call=None)
 
-    def _cuda_options_ignored(self) -> None:
-        """One warning for the options that need CUDA (the note that follows says why)."""
+    def _cuda_options_ignored(self, reason: str) -> None:
+        """One warning for the options that need CUDA (the note that follows says why),
+        and each of them as not applied, for ``reason``."""
         flags = self.options.cuda_only()
+        self.report.not_applied.extend(f"{flag} not used: {reason}" for flag in flags)
         if flags:
             named = flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " and " + flags[-1]
             self.report.warnings.append(
@@ -150,7 +152,7 @@ class Timer(Passes):
         self.call(1)
         if not cuda.is_initialized():
             first_call = self.clock() - t0
-            self._cuda_options_ignored()
+            self._cuda_options_ignored("no GPU work in the body")
             self.report.notes.append(
                 "The body never initialised CUDA, so it launched no GPU work (CPU tensors?): "
                 "timed on the host like %timeit."
@@ -345,6 +347,7 @@ class Timer(Passes):
             replay = cuda.capture_graph(self.call, unroll, self.device)
         except cuda.GraphCaptureError as exc:
             self.report.warnings.append(f"--graph: capture failed, timed eagerly instead: {exc}")
+            self.report.not_applied.append("--graph not used: capture failed")
             return None
 
         def replays(n: int) -> None:
@@ -476,5 +479,6 @@ class Timer(Passes):
         self.report.warnings.extend(warnings_for(result))
         result.warnings = self.report.warnings
         result.notes = self.report.notes
+        result.not_applied = self.report.not_applied
         result.interrupted = self.report.interrupted
         return result

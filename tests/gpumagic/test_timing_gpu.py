@@ -153,6 +153,7 @@ def test_graph_capture_failure_says_why_and_falls_back(shell: InteractiveShell, 
         w.startswith("--graph: capture failed, timed eagerly instead: the body synchronizes")
         for w in r.warnings
     ), r.warnings
+    assert r.not_applied == ["--graph not used: capture failed"]  # compare() shows it
     assert r.median > 0
     # CUDA is fine afterwards: no capture left open, random numbers (the RNG takes part
     # in every capture), timing and capturing still work.

@@ -51,7 +51,7 @@ def test_line_magic_returns_and_shows_a_result(
 def test_without_gpu_it_times_on_the_host_and_says_so(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(shell, f"%cudatime {FAST} --graph --sync-check x = 1").success
+    assert run(shell, f"%cudatime {FAST} --verbose --graph --sync-check x = 1").success
     out = capsys.readouterr().out
     assert "host time" in out
     assert "Timed on the host like %timeit (no GPU here:" in out
@@ -173,6 +173,7 @@ def test_text_fits_80_columns() -> None:
         clock="host",
         warnings=["a warning " * 20],
         notes=["a note that goes on " * 10],
+        verbose=True,
     )
     lines = result.text().splitlines()
     assert all(len(line) <= 80 for line in lines[1:]), lines
@@ -326,7 +327,7 @@ def test_a_matmul_is_counted_exactly_on_the_host(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run(shell, "import torch\na = torch.randn(64, 64)\nb = torch.randn(64, 64)")
-    assert run(shell, f"%cudatime -v r {FAST} --device cpu a @ b").success
+    assert run(shell, f"%cudatime -v r {FAST} --verbose --device cpu a @ b").success
     r = shell.user_ns["r"]
     assert (r.flops, r.bytes) == (2 * 64**3, 3 * 64 * 64 * 4)
     assert r.flops_counted
@@ -399,7 +400,7 @@ def test_a_trailing_comment_is_not_in_the_title(
     assert run(shell, f"r = %cudatime -o {FAST} sorted(x)   # sort a short list").success
     assert shell.user_ns["r"].label == "sorted(x)"
     title = capsys.readouterr().out.splitlines()[0]
-    assert title.startswith("%cudatime  sorted(x)    [")
+    assert title.startswith("%cudatime  sorted(x)    ")
     assert "#" not in title
     # A "#" inside a string literal is code, and stays; so is the cell's first line of code.
     assert run(shell, f"r = %cudatime -o {FAST} s = 'a#b'.split('#')  # split").success
@@ -456,7 +457,7 @@ def test_a_machine_that_slows_down_overruns_the_budget_by_one_run(
 
     shell.user_ns["work"] = work
     start = clock.now
-    assert run(shell, "r = %cudatime -o --device cpu --no-count work()").success
+    assert run(shell, "r = %cudatime -o --verbose --device cpu --no-count work()").success
     r = shell.user_ns["r"]
     assert clock.now - start < 1 + 8.5  # the budget and the one run far too long
     assert r.median == pytest.approx(2e-3)
@@ -575,7 +576,7 @@ def test_a_note_is_shown_once_a_session(
     """The same cell twice: the second output leaves out the notes the first showed
     (the setup note, the host note), and keeps the numbers and the warnings."""
     run(shell, "import torch")
-    cell = f"%%cudatime {FAST} --graph x = torch.randn(16, 16)\ny = x @ x"
+    cell = f"%%cudatime {FAST} --verbose --graph x = torch.randn(16, 16)\ny = x @ x"
     assert run(shell, cell).success
     first = capsys.readouterr().out
     assert "without the setup" in first

@@ -211,16 +211,29 @@ def test_to_dict_is_json_and_complete() -> None:
 
 
 def test_compare_labels_same_faster_slower() -> None:
-    base = result([10e-6, 10.2e-6, 9.9e-6, 10.1e-6], label="eager")
-    same = result([10.1e-6, 10.0e-6, 10.2e-6, 9.95e-6], label="again")
-    fast = result([5e-6, 5.1e-6, 4.9e-6, 5e-6], label="graph")
-    slow = result([20e-6, 21e-6, 19e-6, 20e-6], label="cold")
+    base = result([10e-6, 10.2e-6, 9.9e-6, 10.1e-6, 10e-6, 10.05e-6], label="eager")
+    same = result([10.1e-6, 10.0e-6, 10.2e-6, 9.95e-6, 10e-6, 10.05e-6], label="again")
+    fast = result([5e-6, 5.1e-6, 4.9e-6, 5e-6, 5e-6, 5.05e-6], label="graph")
+    slow = result([20e-6, 21e-6, 19e-6, 20e-6, 20e-6, 20.5e-6], label="cold")
     table = compare(base, same, fast, slow)
-    assert [row.status for row in table.rows] == ["baseline", "SAME", "FASTER", "SLOWER"]
-    assert table.rows[2].speedup == pytest.approx(10.05 / 5.0, rel=0.01)
+    assert [row.status for row in table.rows] == [
+        "baseline",
+        "no difference within the noise",
+        "FASTER",
+        "SLOWER",
+    ]
+    assert table.rows[2].speedup == pytest.approx(10.025 / 5.0, rel=0.01)
+    low, high = table.rows[2].speedup_low, table.rows[2].speedup_high
+    assert low is not None
+    assert high is not None
+    assert 1 < low < table.rows[2].speedup < high
     text = str(table)
-    assert " ".join(text.splitlines()[0].split()) == "median per loop IQR speedup vs baseline"
-    assert re.search(r"graph\s+5 µs \(gpu\)\s+4.98 µs . 5.03 µs\s+2.01.\s+FASTER", text)
+    assert " ".join(text.splitlines()[0].split()) == (
+        "median per loop IQR speedup 99 % interval vs baseline"
+    )
+    assert re.search(
+        r"graph\s+5 µs \(gpu\)\s+5 µs . 5.04 µs\s+2.00.\s+1.94.2.07.\s+FASTER", text
+    ), text
     page = table._repr_html_()
     assert page.count("<tr>") == 5
     assert "FASTER" in page
@@ -228,11 +241,11 @@ def test_compare_labels_same_faster_slower() -> None:
 
 
 def test_compare_labels_and_clock_mismatch() -> None:
-    gpu = result([1e-3] * 3)
-    host = result([1e-3] * 3, clock="host")
+    gpu = result([1e-3, 1.1e-3, 0.9e-3, 1e-3, 1.05e-3])
+    host = result([1e-3, 1.1e-3, 0.9e-3, 1e-3, 1.05e-3], clock="host")
     table = compare(gpu, host, labels=["on the GPU", "on the host"])
     assert table.rows[0].label == "on the GPU"
-    assert table.rows[1].status == "SAME (other clock)"
+    assert table.rows[1].status == "no difference within the noise (other clock)"
 
 
 def test_compare_refuses_bad_input() -> None:
