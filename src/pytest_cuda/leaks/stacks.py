@@ -137,9 +137,7 @@ def attribute(
     :func:`blocks_allocated_since`): their stacks, grouped (:func:`group_by_stack`), and
     who holds them (:func:`holders_of`, over ``objects`` and within ``budget_s``;
     ``frozen_before``, ``thaw``: see :func:`~pytest_cuda.leaks.walk.holders.find_leak_holders`)."""
-    wanted = set(devices)
-    found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
-    blocks = [b for b in found if b.device in wanted]
+    blocks = _new_blocks(start_us, devices, outermost)
     is_user = FrameFilter.default().is_user
     stacks = group_by_stack(blocks, is_user, outermost=outermost)
     holders = holders_of(
@@ -158,12 +156,19 @@ def bytes_allocated_since(
 ) -> dict[int, int]:
     """Bytes per device of the blocks alive now on ``devices`` that were allocated since
     ``start_us`` (see :func:`blocks_allocated_since`): one snapshot, no walk."""
-    wanted = set(devices)
     found: dict[int, int] = {}
-    for block in blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost):
-        if block.device in wanted:
-            found[block.device] = found.get(block.device, 0) + block.size
+    for block in _new_blocks(start_us, devices, outermost):
+        found[block.device] = found.get(block.device, 0) + block.size
     return found
+
+
+def _new_blocks(
+    start_us: int, devices: Iterable[int], outermost: tuple[str, str] | None
+) -> list[Block]:
+    """The blocks alive now on ``devices`` allocated since ``start_us``, from one snapshot."""
+    wanted = set(devices)
+    found = blocks_allocated_since(cuda.memory_snapshot(), start_us, outermost)
+    return [b for b in found if b.device in wanted]
 
 
 def holders_of(
