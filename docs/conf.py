@@ -17,11 +17,11 @@ release = "0.1.0.dev0"
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "magic_help",
     "pytest_help",
     "bench_results",
+    "python_refs",
 ]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
@@ -39,4 +39,6 @@ autodoc_mock_imports = ["torch", "pynvml", "line_profiler"]
 # Every public field, documented or not (the result dataclasses are read field by field).
 autodoc_default_options = {"undoc-members": True}
 intersphinx_mapping: dict[str, tuple[str, None]] = {}
-nitpicky = False
+# Every cross-reference must resolve (the build runs with -n -W): python_refs links or
+# shows as code the names of objects these pages do not document.
+nitpicky = True

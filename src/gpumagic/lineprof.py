@@ -122,9 +122,14 @@ class GpuLineProfiler(LineProfiler):
     def __init__(
         self, *functions: Any, sync: bool = True, gpu: bool = False, memory: bool = False
     ) -> None:
+        #: Whether the devices in use are synchronized after every profiled line.
         self.sync = sync
+        #: Whether each line gets CUDA events and a count of its synchronizing calls.
         self.gpu = gpu
+        #: Whether the allocator is read at every line boundary.
         self.memory = memory
+        #: What the table should say about the targets (a torch.compile'd callable that
+        #: cannot be line-profiled, an ``nn.Module`` profiled through its ``forward``).
         self.notes: list[str] = []
         self._record = Record()
         self._original_codes: list[tuple[Any, CodeType]] = []
