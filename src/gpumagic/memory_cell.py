@@ -55,14 +55,25 @@ def cell_peak(
 class CellDeviceChange:
     """What one cell did to one device's memory."""
 
+    #: The device's index.
     index: int
+    #: The device's name.
     name: str
+    #: The allocator's counters when the cell started.
     start: AllocatorStats
+    #: The allocator's counters when it ended.
     end: AllocatorStats
+    #: The cell's exact peak of allocated bytes, where the counter could be read for the
+    #: cell alone; else ``None``.
     peak: int | None
+    #: With ``--keep-peak``: an upper bound of the cell's peak (the counter kept the peak
+    #: from before the cell).
     peak_upper: int | None = None
+    #: The reset of the device's peak counter this cell needed, if any.
     reset: PeakReset | None = None
+    #: This process's memory on the device per NVML when the cell started.
     process_start: int | None = None
+    #: The same when it ended.
     process_end: int | None = None
 
     @property
@@ -107,12 +118,21 @@ class CellDeviceChange:
 class CellMemoryReport:
     """``%%gpumem`` and ``%gpumem watch``: one cell's effect on GPU memory."""
 
+    #: The cell as the output names it.
     label: str
+    #: One entry per device the cell could change.
     changes: tuple[CellDeviceChange, ...] = ()
+    #: With ``--trace``: the lines that allocated what the cell left allocated, largest
+    #: first.
     trace: tuple[TraceLine, ...] | None = None
+    #: With ``--timeline``: the memory over the cell, one per device.
     timelines: tuple[Timeline, ...] | None = None
+    #: Whether the cell was the first CUDA work of the process (its context is in the
+    #: figures).
     initialized_by_cell: bool = False
+    #: What is approximate or missing, and why (one sentence each).
     notes: tuple[str, ...] = ()
+    #: Why nothing could be measured (no CUDA), else ``None``.
     unavailable: str | None = None
 
     @property
