@@ -95,8 +95,9 @@ CUDA_NO_SYNC_MARKER_DOC = (
 )
 
 CUDA_DISTRIBUTED_MARKER_DOC = (
-    'cuda_distributed(world_size=2, backend="nccl", timeout=60): run the test function '
-    "in world_size rank processes with the default torch.distributed process group "
+    'cuda_distributed(world_size=2, backend="nccl", timeout=60, fresh_group=False, '
+    "isolate=False): run the test function in world_size rank processes with the "
+    "default torch.distributed process group "
     "initialised; the ranks are kept warm and reused by the next test of the same "
     "world_size, backend and devices (fresh_group=True: a process group of its own; "
     "isolate=True: fresh processes of its own). On a GPU backend each rank gets its own "

@@ -1,0 +1,85 @@
+"""The pages' structure: one title each, the gallery last in the navigation, option
+tables that hold every option, no internal issue numbers in the prose.
+
+No Sphinx build: these read the Markdown sources and the magics' own parsers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted([*DOCS.glob("*.md"), *DOCS.glob("howto/*.md")])
+FENCE = re.compile(r"^(`{3,}|~{3,})[^\n]*\n.*?^\1\s*$", re.MULTILINE | re.DOTALL)
+GALLERY = ("demo-gpu", "screenshots")
+
+
+def prose(text: str) -> str:
+    """The page without its fenced blocks (code, outputs, directives)."""
+    return FENCE.sub("", text)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_a_page_has_one_title(page: Path) -> None:
+    """A second ``#`` heading becomes a second entry in the navigation."""
+    included = re.match(r"```\{include\} \.\./(\S+)", page.read_text())
+    if included:  # changelog.md, contributing.md: the file they include has the title
+        page = ROOT / included.group(1)
+    titles = re.findall(r"^# .+$", prose(page.read_text()), re.MULTILINE)
+    assert len(titles) == 1, f"{page.name}: {titles}"
+
+
+def test_the_gallery_pages_come_last_in_the_navigation() -> None:
+    index = (DOCS / "index.md").read_text()
+    entries = [
+        line.strip()
+        for tree in re.findall(r"```\{toctree\}\n(.*?)```", index, re.DOTALL)
+        for line in tree.splitlines()
+        if line.strip() and not line.startswith(":")
+    ]
+    assert entries[-len(GALLERY) :] == list(GALLERY), entries
+    assert entries[0] == "getting-started"
+
+
+def test_the_gpumem_option_table_holds_every_option() -> None:
+    from gpumagic.memory_magics import GpuMemMagics
+
+    parser = GpuMemMagics.gpumem.parser  # type: ignore[attr-defined]
+    options = {
+        max(action.option_strings, key=len) for action in parser._actions if action.option_strings
+    } - {"-h", "--help"}
+    page = (DOCS / "gpumem.md").read_text()
+    table = re.search(r"^\| option \| applies to \| effect \|\n((?:\|.*\n)+)", page, re.MULTILINE)
+    assert table is not None, "gpumem.md lost its option table"
+    listed = set(re.findall(r"^\| `(-[\w-]+)", table.group(1), re.MULTILINE))
+    assert listed == options
+
+
+def labels_from_results() -> set[str]:
+    """Row labels with an issue number that the benchmarks wrote into their result files
+    (a table shows them, and the prose may name the row)."""
+    found: set[str] = set()
+    for path in (ROOT / "benchmarks" / "results").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                found.update(
+                    v for v in json.loads(line).values() if isinstance(v, str) and "issue " in v
+                )
+    return found
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+def test_no_internal_issue_numbers_in_the_prose(page: Path) -> None:
+    """The project's own tracker is not where a reader can follow "issue 28"."""
+    if page.name == "changelog.md":
+        return
+    text = " ".join(prose(page.read_text()).split())
+    for label in labels_from_results():  # a row's label, named as the table shows it
+        text = text.replace(re.sub(r"(issue \d+).*", r"\1", label), "")
+    found = re.findall(r".{0,30}\bissues? \d+.{0,10}", text)
+    assert not found, f"{page.name}: {found}"
