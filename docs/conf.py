@@ -22,6 +22,7 @@ extensions = [
     "pytest_help",
     "bench_results",
     "python_refs",
+    "settings_table",
 ]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
