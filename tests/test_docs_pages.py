@@ -83,3 +83,37 @@ def test_no_internal_issue_numbers_in_the_prose(page: Path) -> None:
         text = text.replace(re.sub(r"(issue \d+).*", r"\1", label), "")
     found = re.findall(r".{0,30}\bissues? \d+.{0,10}", text)
     assert not found, f"{page.name}: {found}"
+
+
+#: The fixed words of each message docs/troubleshooting.md quotes, as the source writes
+#: them (an f-string's parts between its fields).
+TROUBLE_MESSAGES = (
+    "no usable GPU",
+    "CUDA unavailable: ",
+    "was built without CUDA (a CPU-only build)",
+    "no CUDA here: ",
+    "no usable CUDA device here",
+    "by pytest_cuda, but it is ",
+    "now (changed by a conftest, plugin or ",
+    "CUDA would start on the wrong devices",
+    "remove the code that sets ",
+    "itself, and ",
+    " would pin the ",
+    "workers too; use one of them",
+    "CUDA memory released before judging (kept by design, not leaks)",
+    " never finished",
+    "A rank that never joins a collective leaves the others waiting in it: the ",
+    "stacks above show where each rank was. Raise timeout= in the marker if the ",
+    "): this time holds at that clock",
+    "clocks drop under sustained load (power or thermal limits) and recover ",
+)
+
+
+def test_troubleshooting_quotes_the_messages_the_code_prints() -> None:
+    page = " ".join((DOCS / "troubleshooting.md").read_text().split())
+    source = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
+    for words in TROUBLE_MESSAGES:
+        assert words in source, f"the code no longer prints {words!r}"
+        assert " ".join(words.split()) in page, f"troubleshooting.md lost {words!r}"
+    for topic in ("no-gpu", "wrong-gpu", "leaked-cache", "hung-rank", "clock"):
+        assert f"(trouble-{topic})=" in page
