@@ -117,3 +117,27 @@ def test_troubleshooting_quotes_the_messages_the_code_prints() -> None:
         assert " ".join(words.split()) in page, f"troubleshooting.md lost {words!r}"
     for topic in ("no-gpu", "wrong-gpu", "leaked-cache", "hung-rank", "clock"):
         assert f"(trouble-{topic})=" in page
+
+
+#: Figures once typed by hand with no result file behind them (or against the latest
+#: one): each now comes from ``benchmarks/results/`` through ``{bench}``, or is gone.
+UNBACKED_FIGURES = (
+    "1.20\N{MULTIPLICATION SIGN} the plugin-loaded",  # limitations.md, not the latest run's
+    "21.68 ms of a 21.8 ms",  # lprun.md, line_profiler's share
+    "21.4 ms\nagainst 21.8 ms",  # lprun.md, a CPU loop
+    "about 8 µs",  # lprun.md, gpu-seam.md: the allocator's counters
+    "at 45 µs",
+    "(about 45 µs",
+    "0.1013 s",  # debugging.md, launch-blocking
+    "22\N{EN DASH}33 s",  # leaks.md, a re-run's process
+    "724 TFLOP/s",  # CHANGELOG.md, against 723 on cudatime.md
+)
+
+
+@pytest.mark.parametrize(
+    "page", [*PAGES, ROOT / "README.md", ROOT / "CHANGELOG.md"], ids=lambda p: p.name
+)
+def test_no_figure_without_a_result_file(page: Path) -> None:
+    text = page.read_text()
+    found = [f for f in UNBACKED_FIGURES if f in text or " ".join(f.split()) in text]
+    assert not found, f"{page.name}: cite these with {{bench}} or drop them: {found}"
