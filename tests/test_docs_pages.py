@@ -141,3 +141,33 @@ def test_no_figure_without_a_result_file(page: Path) -> None:
     text = page.read_text()
     found = [f for f in UNBACKED_FIGURES if f in text or " ".join(f.split()) in text]
     assert not found, f"{page.name}: cite these with {{bench}} or drop them: {found}"
+
+
+#: Characters of a code line that fit furo's content column at 1280 px (736 px of
+#: monospace; a line of 91 ran 2 px past it).
+CODE_WIDTH = 88
+#: Blocks whose lines wrap at the content width (docs/_static/gpumagic.css).
+WRAPPED = ("text", "console")
+BLOCK = re.compile(r"^(?P<fence>`{3,})(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=fence)\s*$", re.M | re.S)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_no_line_runs_off_the_page(page: Path) -> None:
+    """Outputs wrap (the stylesheet); code keeps its lines, so they must fit."""
+    too_long = []
+    for block in BLOCK.finditer(page.read_text()):
+        info, body = block["info"].strip(), block["body"]
+        language = re.sub(r"^\{code-block\}\s*", "", info).split()[0] if info else ""
+        directive = info.startswith("{") and not info.startswith("{code-block}")
+        if language in WRAPPED or ":class: wrap" in body or directive:
+            continue
+        too_long += [line for line in body.splitlines() if len(line) > CODE_WIDTH]
+    assert not too_long, f"{page.name}: lines over {CODE_WIDTH} characters: {too_long}"
+
+
+def test_outputs_wrap_at_the_content_width() -> None:
+    css = (DOCS / "_static" / "gpumagic.css").read_text()
+    rule = re.search(r"([^{}]*)\{[^}]*white-space:\s*pre-wrap", css)
+    assert rule is not None
+    for language in WRAPPED:
+        assert f"div.highlight-{language} pre" in rule.group(1)

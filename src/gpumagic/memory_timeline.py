@@ -69,7 +69,7 @@ class Timeline:
     allocated: tuple[int, ...]
     #: Bytes torch's allocator held after each event.
     reserved: tuple[int, ...]
-    #: When each event happened, in µs from the first.
+    #: When each event happened, in µs since the epoch (point 0: the cell's start).
     times_us: tuple[int, ...]
     #: The point of the peak in ``allocated``.
     peak_index: int
