@@ -36,6 +36,8 @@ class Holder:
     dtype: str
     tensors: int = 1
     more_names: int = 0
+    #: The storage's ``(device, address)``: where a memory snapshot names its block's holder.
+    storage: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,7 @@ class _Walk:
             dtype=facts.dtype,
             tensors=len(oids),
             more_names=max(0, len(unique) - self.max_names),
+            storage=facts.storage,
         )
 
 
