@@ -69,10 +69,6 @@ def test_the_options_and_the_marker_are_documented(pytester: pytest.Pytester) ->
         (["--cuda-limit-memory=lots"], "*argument --cuda-limit-memory: not a memory size: 'lots'*"),
         (["--cuda-limit-memory=0"], "*argument --cuda-limit-memory: takes a size above 0 bytes*"),
         (["--cuda-oom=retry"], "*argument --cuda-oom: invalid choice: 'retry'*"),
-        (
-            ["-p", "no:pytest_cuda.leak_plugin", "--cuda-limit-memory=1GiB"],
-            "*--cuda-limit-memory=1073741824 needs pytest_cuda.leak_plugin, which -p no:*",
-        ),
     ],
 )
 def test_bad_values_are_usage_errors(
