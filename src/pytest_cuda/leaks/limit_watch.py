@@ -21,6 +21,7 @@ from gpumagic import cuda
 from gpumagic.stacks import FrameFilter, group_by_stack
 from pytest_cuda.leaks.limit import OverLimit, blocks_at_peak
 from pytest_cuda.leaks.peaks import peaks_since, reset_peaks
+from pytest_cuda.leaks.stacks import HISTORY_MAX_ENTRIES, StackRecording
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -50,6 +51,39 @@ class LimitWatch:
     _start_us: int = field(default=0, init=False)
     #: The snapshot read for the last over-limit verdict (for ``--cuda-memory-snapshot``).
     snapshot: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    #: A recording of its own (:meth:`recorded`), switched off by :meth:`close`.
+    recording: StackRecording | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def recorded(
+        cls,
+        limit: int,
+        source: str,
+        *,
+        outermost: tuple[str, str] | None = None,
+        devices: tuple[int, ...] | None = None,
+    ) -> LimitWatch:
+        """A watch with a recording of its own (a rank's test): the allocator's events
+        recorded with their stacks until :meth:`close`."""
+        recording = StackRecording(event_stacks=True)
+        recording.arm()
+        ring = HISTORY_MAX_ENTRIES if recording.owned else None
+        watch = cls(limit, source, outermost=outermost, devices=devices, ring_size=ring)
+        watch.recording = recording
+        return watch
+
+    def close(self) -> None:
+        """Its own recording switched off (always safe)."""
+        if self.recording is not None:
+            self.recording.close()
+
+    def failure(self, subject: str, root: str | None = None) -> tuple[str, str] | None:
+        """``(summary, details)`` when the peak went over the limit (:meth:`over`),
+        ``subject`` naming the test; ``None`` within it."""
+        over = self.over()
+        if not over:
+            return None
+        return over[0].summary(subject, root), "\n".join(o.details(root) for o in over)
 
     def begin(self) -> None:
         """Peaks reset; the moment the test starts."""
