@@ -24,12 +24,15 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from pathlib import Path
 
+    from gpumagic.memory_holders import HolderScan
+
 __all__ = [
     "HOLDER_FILE",
     "block_holders",
     "side_data",
     "snapshot_name",
     "with_holders",
+    "write_cell_snapshot",
     "write_snapshot",
 ]
 
@@ -137,3 +140,18 @@ def write_snapshot(path: Path, snapshot: Mapping[str, Any], side: Mapping[str, A
     beside = path.with_suffix(".json")
     beside.write_text(json.dumps(side, indent=1) + "\n")
     return beside
+
+
+def write_cell_snapshot(
+    path: Path, snapshot: Mapping[str, Any], scan: HolderScan, label: str
+) -> Path:
+    """``%%gpumem --snapshot``: the cell's snapshot written to ``path``, each block
+    named by the user's names that reach it (``scan``, from
+    :func:`gpumagic.memory_holders.find_holders`)."""
+    holders = block_holders(
+        snapshot,
+        ((", ".join(h.names), (h.storage,)) for h in scan.holders if h.storage and h.names),
+    )
+    side = side_data(snapshot, holders, cell=label, file=path.name)
+    write_snapshot(path, with_holders(snapshot, holders), side)
+    return path
