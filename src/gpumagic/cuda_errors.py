@@ -126,8 +126,10 @@ _OOM_TEXTS = (
 
 def out_of_memory(exc: BaseException) -> BaseException | None:
     """The exception of ``exc``'s chain (itself, its causes and contexts) that says a
-    CUDA allocation failed (``torch.OutOfMemoryError`` or a CUDA allocation error), or
-    ``None``. By the class's name and the message: torch is never imported here."""
+    CUDA allocation failed, or ``None``: an ``OutOfMemoryError`` (torch's, CuPy's), or
+    a ``RuntimeError`` reporting a CUDA allocation error (an assertion that quotes such
+    a message is none). By the class's name and the message: torch is never imported
+    here."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -135,8 +137,8 @@ def out_of_memory(exc: BaseException) -> BaseException | None:
         if found is None or id(found) in seen:
             continue
         seen.add(id(found))
-        if type(found).__name__ == "OutOfMemoryError" or any(
-            text in _message(found) for text in _OOM_TEXTS
+        if type(found).__name__ == "OutOfMemoryError" or (
+            isinstance(found, RuntimeError) and any(t in _message(found) for t in _OOM_TEXTS)
         ):
             return found
         pending += [found.__cause__, found.__context__]

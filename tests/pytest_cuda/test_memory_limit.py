@@ -415,3 +415,24 @@ def test_over_limit_renders_the_peak_and_what_was_before() -> None:
         "Blocks alive at the peak, by allocating stack (largest first):",
         "  1.0 MiB allocated before the test",
     ]
+
+
+def test_out_of_memory_is_told_by_class_and_message_along_the_chain() -> None:
+    from gpumagic.cuda_errors import out_of_memory
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert out_of_memory(oom) is oom
+    cublas = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate`")
+    assert out_of_memory(cublas) is cublas
+    try:
+        try:
+            raise oom
+        except RuntimeError as exc:
+            raise ValueError("wrapped") from exc
+    except ValueError as wrapped:
+        assert out_of_memory(wrapped) is oom
+    assert out_of_memory(AssertionError("the log says: CUDA out of memory")) is None
+    assert out_of_memory(RuntimeError("CUDA error: an illegal memory access")) is None
