@@ -427,12 +427,8 @@ def test_out_of_memory_is_told_by_class_and_message_along_the_chain() -> None:
     assert out_of_memory(oom) is oom
     cublas = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate`")
     assert out_of_memory(cublas) is cublas
-    try:
-        try:
-            raise oom
-        except RuntimeError as exc:
-            raise ValueError("wrapped") from exc
-    except ValueError as wrapped:
-        assert out_of_memory(wrapped) is oom
+    wrapped = ValueError("wrapped")
+    wrapped.__cause__ = oom
+    assert out_of_memory(wrapped) is oom
     assert out_of_memory(AssertionError("the log says: CUDA out of memory")) is None
     assert out_of_memory(RuntimeError("CUDA error: an illegal memory access")) is None
