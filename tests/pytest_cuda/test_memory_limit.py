@@ -432,3 +432,38 @@ def test_out_of_memory_is_told_by_class_and_message_along_the_chain() -> None:
     assert out_of_memory(wrapped) is oom
     assert out_of_memory(AssertionError("the log says: CUDA out of memory")) is None
     assert out_of_memory(RuntimeError("CUDA error: an illegal memory access")) is None
+
+
+def test_the_header_says_the_limit(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted("def test_x(fake_cuda):\n    pass\n")
+    result = pytester.runpytest("--cuda-limit-memory=8GiB")
+    result.stdout.fnmatch_lines(
+        ["cuda memory limit: 8.0 GiB per device a test (--cuda-limit-memory); *"]
+    )
+
+
+def test_a_ranks_watch_records_and_says_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_cuda import FakeAllocator
+    from pytest_cuda.leaks.limit_watch import LimitWatch
+
+    fake = FakeAllocator(2, initialized=True).install(monkeypatch)
+    watch = LimitWatch.recorded(MiB, "cuda_limit_memory marker", devices=(1,))
+    assert fake.recording  # its own, with the events' stacks and frees
+    assert fake.history_settings["skip_actions"] == ("free_completed",)
+    watch.begin()
+    kept = fake.tensor(4 * MiB, device=0)  # another rank's device: not judged
+    assert watch.failure("test_x on rank 1") is None
+    temporary = fake.tensor(2 * MiB, device=1)
+    del temporary
+    failure = watch.failure("test_x on rank 1")
+    assert failure is not None
+    assert failure[0].startswith(
+        "CUDA memory limit: test_x on rank 1 peaked at 2.0 MiB on cuda:1, over its limit of "
+        "1.0 MiB (cuda_limit_memory marker), allocated at "
+    )
+    assert "  2.0 MiB in 1 block on cuda:1" in failure[1]
+    watch.close()
+    assert not fake.recording
+    del kept

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumagic.stacks import Block, StackGroup, blocks_from_segments, frames_from_snapshot
 from gpumagic.units import format_bytes, parse_size
+from pytest_cuda.leaks.report import LIMIT_MARKER
 from pytest_cuda.leaks.result import MAX_STACKS
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["MARKER", "OverLimit", "PeakBlocks", "blocks_at_peak", "parse_limit"]
 
 #: The marker that sets one test's limit.
-MARKER = "cuda_limit_memory"
+MARKER = LIMIT_MARKER
 
 #: The allocator's events that change what is allocated.
 _ALLOC, _FREE = "alloc", "free_requested"

@@ -62,6 +62,16 @@ class MemoryLimiter:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.recording.close()
 
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        if self.default is None:
+            return []  # the markers' limits: said where a test goes over one
+        from gpumagic.units import format_bytes
+
+        return [
+            f"cuda memory limit: {format_bytes(self.default)} per device a test "
+            f"({self.default_source}); allocation stacks recorded"
+        ]
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         error = None

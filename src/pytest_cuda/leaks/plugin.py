@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_cuda.collection import marker_names
-from pytest_cuda.leaks.limit import MARKER as LIMIT_MARKER
 from pytest_cuda.leaks.report import (
+    LIMIT_MARKER,
     MARKER,
     REPORT_LEAKS,
     REPORT_PEAK,
