@@ -49,12 +49,14 @@ class MemoryLimiter:
         self.search_s = settings.holder_search_s
         self.root = str(config.rootpath)
         self.recording = StackRecording(event_stacks=True)
+        self.other: StackRecording | None = None
 
     def start(self, other: StackRecording | None = None) -> None:
         """Stack recording with the events' stacks on now, or queued for CUDA's
         initialisation; ``other``: a leak check's recording, told to keep them too."""
         if other is not None:
             other.with_event_stacks()
+            self.other = other
         if not cuda.is_initialized() and cuda.status().available:
             cuda.start_torch()
         self.recording.arm()
@@ -80,8 +82,7 @@ class MemoryLimiter:
         except ValueError as exc:
             error, limit = f"malformed @pytest.mark.{MARKER} on {item.nodeid}: {exc}", None
         if limit is not None and cuda.status().available:
-            ring = HISTORY_MAX_ENTRIES if self.recording.owned else None
-            item.stash[_WATCH] = LimitWatch(*limit, outermost=_test_function(item), ring_size=ring)
+            item.stash[_WATCH] = LimitWatch(*limit, outermost=_test_function(item))
         result = yield
         if error is not None:
             pytest.fail(error, pytrace=False)
@@ -93,6 +94,9 @@ class MemoryLimiter:
         if watch is None:
             return (yield)
         self.recording.ensure()
+        # The ring is ours (its size known) unless the user records with their own.
+        ours = self.recording.owned or (self.other is not None and self.other.owned)
+        watch.ring_size = HISTORY_MAX_ENTRIES if ours else None
         watch.begin()
         try:
             result = yield
