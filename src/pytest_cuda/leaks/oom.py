@@ -28,7 +28,7 @@ from pytest_cuda.leaks.stacks import holders_of
 if TYPE_CHECKING:
     from pytest_cuda.leaks.walk.holders import LeakHolderScan
 
-__all__ = ["SECTION", "OomReport", "drop_frames", "explain"]
+__all__ = ["SECTION", "OomReport", "drop_frames", "explain", "first_line"]
 
 #: The report section's title.
 SECTION = "CUDA out of memory"
@@ -127,7 +127,7 @@ def explain(
     allocator's snapshot it was read from (``None`` without CUDA).
     ``outermost``: the test function's ``(file, name)``, where stacks are cut;
     ``search_s``: the holder walk's time limit."""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = first_line(exc)
     if not cuda.is_initialized():
         return OomReport(message, (), None, None, "CUDA was not initialised here."), None
     devices = tuple(_device_state(d, s) for d, s in sorted(_stats().items()))
@@ -143,6 +143,13 @@ def explain(
         )
     holders = holders_of(blocks, is_user, budget_s=search_s, frames=True)
     return OomReport(message, devices, stacks, holders, note), snapshot
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (torch's: "CUDA out of memory. Tried to
+    allocate 20.00 GiB. GPU 0 has a total capacity of ..."), else its class's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _stats() -> dict[int, cuda.AllocatorStats]:

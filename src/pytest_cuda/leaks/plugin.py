@@ -159,27 +159,28 @@ def pytest_runtest_makereport(
 def _out_of_memory(
     item: pytest.Item, report: pytest.TestReport, raised: BaseException, error: BaseException
 ) -> None:
-    from pytest_cuda.leaks.oom import SECTION, drop_frames, explain
+    from pytest_cuda.leaks.oom import SECTION, drop_frames, explain, first_line
 
     settings = settings_of(item.config)
-    code = getattr(getattr(item, "function", None), "__code__", None)
-    outermost = (code.co_filename, code.co_name) if code is not None else None
-    try:
-        found, snapshot = explain(error, outermost=outermost, search_s=settings.holder_search_s)
-        text = found.text(item.name, str(item.config.rootpath))
-        reason = found.reason(item.name)
-        folder = item.config.stash.get(_SNAPSHOTS, None)
-        if folder is not None and snapshot is not None:
-            from pytest_cuda.leaks.snapshots import write_test_snapshot
+    folder = item.config.stash.get(_SNAPSHOTS, None)
+    reason = f"{item.name} ran out of CUDA memory: {first_line(error)}"
+    # A skip shows its reason only: what was alive is read for a failure or a snapshot.
+    if settings.oom == "fail" or folder is not None:
+        code = getattr(getattr(item, "function", None), "__code__", None)
+        outermost = (code.co_filename, code.co_name) if code is not None else None
+        try:
+            found, snapshot = explain(error, outermost=outermost, search_s=settings.holder_search_s)
+            text = found.text(item.name, str(item.config.rootpath))
+            if folder is not None and snapshot is not None:
+                from pytest_cuda.leaks.snapshots import write_test_snapshot
 
-            path = write_test_snapshot(
-                folder, item.nodeid, "out of memory", scan=found.holders, snapshot=snapshot
-            )
-            text += f"\nMemory snapshot (memory_viz): {path}"
-    except Exception as exc:  # the test's own failure must come out whatever happens here
-        reason = f"{item.name} ran out of CUDA memory"
-        text = f"{reason}; explaining it failed: {type(exc).__name__}: {exc}"
-    report.sections.append((SECTION, text))
+                path = write_test_snapshot(
+                    folder, item.nodeid, "out of memory", scan=found.holders, snapshot=snapshot
+                )
+                text += f"\nMemory snapshot (memory_viz): {path}"
+        except Exception as exc:  # the test's own failure must come out whatever happens here
+            text = f"{reason}\nexplaining it failed: {type(exc).__name__}: {exc}"
+        report.sections.append((SECTION, text))
     if settings.oom == "skip":
         where, line, _ = item.location
         report.outcome = "skipped"
