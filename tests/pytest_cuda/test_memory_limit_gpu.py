@@ -180,9 +180,16 @@ def test_next_starts_with_the_memory_back(allocated_at_setup):
 
 def test_an_oom_names_the_largest_blocks_and_their_holders(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_oom=OOM)
-    # The leak check records the allocating lines; the holders need no recording.
+    # The leak check records the allocating lines; the holders need no recording (and
+    # --cuda-leak-trace lifts the holder search's time limit).
     result = pytester.runpytest_subprocess(
-        "--cuda-leak-check", "-p", "no:cacheprovider", "-p", "no:randomly", timeout=240
+        "--cuda-leak-check",
+        "--cuda-leak-trace",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        timeout=240,
     )
     _record("oom", result)
     result.assert_outcomes(passed=1, failed=1)
@@ -233,8 +240,15 @@ def test_leaks():
 
 def test_the_snapshots_open_with_torchs_memory_viz(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_snap=SNAPSHOT)
+    # --cuda-leak-trace: the holder search without its time limit.
     result = pytester.runpytest_subprocess(
-        "--cuda-memory-snapshot=snaps", "-p", "no:cacheprovider", "-p", "no:randomly", timeout=240
+        "--cuda-memory-snapshot=snaps",
+        "--cuda-leak-trace",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        timeout=240,
     )
     _record("snapshot", result)
     outcomes = result.parseoutcomes()
