@@ -121,6 +121,7 @@ def test_the_marker_fails_the_peaks_over_it_with_the_line(
             "  8.0 MiB allocated before the test",
         ]
     )
+    result.stdout.no_fnmatch_line("*lost the test's first ones*")
 
 
 def test_the_option_and_the_ini_value_limit_every_test(

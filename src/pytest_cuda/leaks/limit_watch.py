@@ -67,8 +67,7 @@ class LimitWatch:
         recorded with their stacks until :meth:`close`."""
         recording = StackRecording(event_stacks=True)
         recording.arm()
-        ring = HISTORY_MAX_ENTRIES if recording.owned else None
-        watch = cls(limit, source, outermost=outermost, devices=devices, ring_size=ring)
+        watch = cls(limit, source, outermost=outermost, devices=devices)
         watch.recording = recording
         return watch
 
@@ -102,6 +101,8 @@ class LimitWatch:
         if not found:
             return []
         recorded = cuda.memory_history_enabled()
+        if self.recording is not None:  # its own: on since CUDA's initialisation, maybe
+            self.ring_size = HISTORY_MAX_ENTRIES if self.recording.owned else None
         self.snapshot = cuda.memory_snapshot()
         is_user = FrameFilter.default().is_user
         verdicts = []

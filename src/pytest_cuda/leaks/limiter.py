@@ -94,9 +94,6 @@ class MemoryLimiter:
         if watch is None:
             return (yield)
         self.recording.ensure()
-        # The ring is ours (its size known) unless the user records with their own.
-        ours = self.recording.owned or (self.other is not None and self.other.owned)
-        watch.ring_size = HISTORY_MAX_ENTRIES if ours else None
         watch.begin()
         try:
             result = yield
@@ -108,6 +105,10 @@ class MemoryLimiter:
         return result
 
     def _judge(self, item: pytest.Item, watch: LimitWatch, *, failed: bool) -> None:
+        # The ring is ours (its size known) unless the user records with their own; read
+        # now: a test that first used CUDA switched recording on inside it.
+        ours = self.recording.owned or (self.other is not None and self.other.owned)
+        watch.ring_size = HISTORY_MAX_ENTRIES if ours else None
         try:
             over = watch.over()
         except Exception as exc:  # a bug here must not hide the test's own outcome
