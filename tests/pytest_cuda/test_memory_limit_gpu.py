@@ -125,7 +125,7 @@ def test_the_option_limits_every_test(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "CUDA memory limit: test_big peaked at 768.0 MiB on cuda:0, over its limit of "
-            "512.0 MiB (--cuda-limit-memory), allocated at test_option.py:5 in test_big",
+            "512.0 MiB (--cuda-limit-memory), allocated at test_option.py:4 in test_big",
         ]
     )
 
