@@ -81,7 +81,8 @@ class _Check:
     result: LeakResult | None = None
     peak: list[list[int]] | None = None
     failure: str | None = None
-    snapshot: Path | None = None
+    #: Where ``--cuda-memory-snapshot`` wrote its snapshot (or why it could not).
+    snapshot: str | None = None
     #: What its ranks' checks sent back (a ``cuda_distributed`` test).
     ranks: list[LeakReport] = field(default_factory=list)
     #: Every check's report, as the ``pytest_cuda_leak_report`` hooks left them.
@@ -321,9 +322,9 @@ class LeakChecker:
             result = kept_by_library(replace(result, rerun=rerun_alone(self.config, item.nodeid)))
         check.result = result
         if not result.clean and self.snapshots is not None:
-            from pytest_cuda.leaks.snapshots import write_test_snapshot
+            from pytest_cuda.leaks.snapshots import snapshot_line
 
-            check.snapshot = write_test_snapshot(
+            check.snapshot = snapshot_line(
                 self.snapshots, item.nodeid, "leaked", scan=result.holders, search_s=self.search_s
             )
 
@@ -374,7 +375,7 @@ class LeakChecker:
         if check.peak:
             setattr(report, REPORT_PEAK, check.peak)
         if check.snapshot is not None:
-            report.sections.append((f"{SECTION}: snapshot", f"memory_viz: {check.snapshot}"))
+            report.sections.append((f"{SECTION}: snapshot", check.snapshot))
         if not check.reports:
             return  # not checked, never ran, or could not be measured (an error says so)
         data = [leak.to_dict() for leak in check.reports]

@@ -120,16 +120,17 @@ class MemoryLimiter:
         lines = [o.summary(item.name, self.root) for o in over]
         lines += [o.details(self.root) for o in over]
         if self.snapshots is not None:
-            from pytest_cuda.leaks.snapshots import write_test_snapshot
+            from pytest_cuda.leaks.snapshots import snapshot_line
 
-            path = write_test_snapshot(
-                self.snapshots,
-                item.nodeid,
-                "over its memory limit",
-                snapshot=watch.snapshot,
-                search_s=self.search_s,
+            lines.append(
+                snapshot_line(
+                    self.snapshots,
+                    item.nodeid,
+                    "over its memory limit",
+                    snapshot=watch.snapshot,
+                    search_s=self.search_s,
+                )
             )
-            lines.append(f"Memory snapshot (memory_viz): {path}")
         text = "\n".join(lines)
         if failed:
             item.add_report_section("call", SECTION, text)

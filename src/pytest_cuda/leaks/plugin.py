@@ -172,12 +172,11 @@ def _out_of_memory(
             found, snapshot = explain(error, outermost=outermost, search_s=settings.holder_search_s)
             text = found.text(item.name, str(item.config.rootpath))
             if folder is not None and snapshot is not None:
-                from pytest_cuda.leaks.snapshots import write_test_snapshot
+                from pytest_cuda.leaks.snapshots import snapshot_line
 
-                path = write_test_snapshot(
+                text += "\n" + snapshot_line(
                     folder, item.nodeid, "out of memory", scan=found.holders, snapshot=snapshot
                 )
-                text += f"\nMemory snapshot (memory_viz): {path}"
         except Exception as exc:  # the test's own failure must come out whatever happens here
             text = f"{reason}\nexplaining it failed: {type(exc).__name__}: {exc}"
         report.sections.append((SECTION, text))

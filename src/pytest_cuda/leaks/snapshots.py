@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from pytest_cuda.leaks.walk.holders import LeakHolderScan
 
-__all__ = ["write_test_snapshot"]
+__all__ = ["snapshot_line", "write_test_snapshot"]
 
 
 def write_test_snapshot(
@@ -55,3 +55,23 @@ def write_test_snapshot(
     side = side_data(snapshot, holders, test=nodeid, reason=reason, file=path.name)
     write_snapshot(path, with_holders(snapshot, holders), side)
     return path
+
+
+def snapshot_line(
+    folder: Path,
+    nodeid: str,
+    reason: str,
+    *,
+    scan: LeakHolderScan | None = None,
+    snapshot: dict[str, Any] | None = None,
+    search_s: float | None = None,
+) -> str:
+    """:func:`write_test_snapshot`, said in one line for the test's report: where the
+    file is, or why it could not be written (the test's own verdict stands)."""
+    try:
+        path = write_test_snapshot(
+            folder, nodeid, reason, scan=scan, snapshot=snapshot, search_s=search_s
+        )
+    except OSError as exc:
+        return f"Memory snapshot not written: {exc}"
+    return f"Memory snapshot (memory_viz): {path}"
