@@ -92,7 +92,14 @@ def test_pytest_help_holds_every_option_marker_and_fixture(
 
     markers = [m.split("(")[0].split(":")[0] for m in config.getini("markers")]
     ours = sorted(m for m in markers if m.startswith("cuda"))
-    assert ours == ["cuda", "cuda_distributed", "cuda_leak_check", "cuda_no_sync", "cuda_sync"]
+    assert ours == [
+        "cuda",
+        "cuda_distributed",
+        "cuda_leak_check",
+        "cuda_limit_memory",
+        "cuda_no_sync",
+        "cuda_sync",
+    ]
     marker_text = pytest_help.cuda_markers()
     for marker in ours:
         assert f"@pytest.mark.{marker}" in marker_text

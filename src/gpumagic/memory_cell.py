@@ -161,6 +161,10 @@ class CellMeter:
     keep_peak: bool = False
     trace: bool = False
     timeline: bool = False
+    #: ``--snapshot``: record as ``timeline`` does, and keep the allocator's snapshot
+    #: taken after the cell in :attr:`snapshot`.
+    keep_snapshot: bool = False
+    snapshot: dict[str, Any] | None = None
     pid: int = field(default_factory=os.getpid)
     _start: dict[int, AllocatorStats] = field(default_factory=dict)
     _process: dict[int, int | None] = field(default_factory=dict)
@@ -174,7 +178,7 @@ class CellMeter:
     def start(self) -> None:
         """Read the counters (and reset peaks where needed) just before the cell."""
         self._initialized = cuda.is_initialized()
-        if self.trace or self.timeline:
+        if self.trace or self.timeline or self.keep_snapshot:
             self._start_history()
         for device in self.devices:
             counters = cuda.allocator_stats(device.index)
@@ -185,15 +189,14 @@ class CellMeter:
             self._start[device.index] = counters
 
     def _options(self) -> str:
-        return " and ".join(
-            name for name, on in (("--trace", self.trace), ("--timeline", self.timeline)) if on
-        )
+        asked = (("--trace", self.trace), ("--timeline", self.timeline))
+        return " and ".join(n for n, on in (*asked, ("--snapshot", self.keep_snapshot)) if on)
 
     def _start_history(self) -> None:
         options = self._options()
         self._start_us = time.time_ns() // 1000
         try:
-            if self.timeline:
+            if self.timeline or self.keep_snapshot:
                 # One stack per allocation, none per free; a free is kept once (when
                 # the allocated bytes drop), not again when its block is reusable.
                 self._recording = cuda.start_memory_history(
@@ -255,8 +258,10 @@ class CellMeter:
         notes = list(self._notes)
         snapshot: dict[str, Any] = {}
         try:
-            if self.trace or self.timeline:
+            if self.trace or self.timeline or self.keep_snapshot:
                 snapshot = cuda.memory_snapshot()
+            if self.keep_snapshot:
+                self.snapshot = snapshot
             if self.trace:
                 blocks = blocks_from_segments(
                     snapshot.get("segments") or (), {d.index for d in self.devices}

@@ -44,6 +44,8 @@ class Holder:
     tensors: int = 1
     #: How many more names reach it than ``names`` shows.
     more_names: int = 0
+    #: The storage's ``(device, address)``: where a memory snapshot names its block's holder.
+    storage: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,7 @@ class _Walk:
             dtype=facts.dtype,
             tensors=len(oids),
             more_names=max(0, len(unique) - self.max_names),
+            storage=facts.storage,
         )
 
 

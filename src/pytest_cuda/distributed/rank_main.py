@@ -15,11 +15,8 @@ of file. ``SIGUSR1`` makes it write every thread's Python stack to ``rank<N>.sta
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import faulthandler
-import importlib
-import importlib.util
 import json
 import os
 import pickle
@@ -34,11 +31,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import ModuleType, TracebackType
+    from types import TracebackType
 
     from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
     from pytest_cuda.leaks.engine import LeakCheck
+    from pytest_cuda.leaks.limit_watch import LimitWatch
 
 __all__ = [
     "body_path",
@@ -174,14 +172,16 @@ class _Rank:
         self.joined = False
         self.before: RankState | None = None
         self.leak_check: LeakCheck | None = None
+        self.limit: LimitWatch | None = None
         self.warnings: list[warnings.WarningMessage] = []
 
     def run(self) -> dict[str, Any]:
         try:
             return self._run()
         finally:
-            if self.leak_check is not None:  # not judged: the test failed
-                self.leak_check.close()
+            for check in (self.leak_check, self.limit):  # not judged: the test failed
+                if check is not None:
+                    check.close()
 
     def _run(self) -> dict[str, Any]:
         result = self._guarded(self._body)
@@ -267,7 +267,9 @@ class _Rank:
         from pytest_cuda.distributed.ranks import RankInfo
 
         job, rank = self.job, self.rank
-        _import_test_module(job.module, job.module_file)
+        from pytest_cuda.distributed.module_import import import_test_module
+
+        import_test_module(job.module, job.module_file)
         function, kwargs = pickle.loads(job.call)
         device = cuda.rank_device(job.devices[rank] if job.devices else None)
         group = self._join(device)
@@ -279,16 +281,23 @@ class _Rank:
             from pytest_cuda.distributed.leftovers import capture
 
             self.before = capture()
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        outermost = (code.co_filename, code.co_name) if code is not None else None
+        if job.limit is not None:  # before the leak check's recording: it keeps the events'
+            from pytest_cuda.leaks.limit_watch import LimitWatch
+
+            devices = (job.devices[rank],) if job.devices else None
+            self.limit = LimitWatch.recorded(*job.limit, outermost=outermost, devices=devices)
         if job.leak is not None:
             from pytest_cuda.leaks.engine import LeakCheck
 
             # The same check as the pytest process's, stacks recorded: its stacks are
             # cut at the test function.
-            code = getattr(getattr(function, "__func__", function), "__code__", None)
-            outermost = (code.co_filename, code.co_name) if code is not None else None
             self.leak_check = LeakCheck.alone(job.leak, outermost=outermost)
             self.leak_check.begin()
         started_path(self.folder, rank).touch()
+        if self.limit is not None:
+            self.limit.begin()
         function(**kwargs)
         del function, kwargs
         # The health check first: an asynchronous error would surface in the leak
@@ -302,6 +311,10 @@ class _Rank:
                 f"{error.message.strip().splitlines()[0]}",
                 "traceback": error.message,
             }
+        root = job.leak.root if job.leak is not None else os.getcwd()
+        over = self.limit.failure(f"{job.name} on rank {rank}", root) if self.limit else None
+        if over is not None:
+            return {"state": "failed", "message": over[0], "traceback": over[1]}
         return {"state": "passed"}
 
     def _leftovers(self, *, groups: bool) -> list[str]:
@@ -402,46 +415,6 @@ def _from_test(tb: TracebackType | None, path: str) -> TracebackType | None:
     while tb is not None and tb.tb_frame.f_code.co_filename != path:
         tb = tb.tb_next
     return tb
-
-
-def _import_test_module(name: str, path: str) -> ModuleType:
-    """The test module under the name pytest gave it, so pickled references resolve."""
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
-    package = name.rpartition(".")[0]
-    if package:
-        importlib.import_module(package)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import the test module {name} from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    run = _rewritten(path) or spec.loader.exec_module
-    try:
-        run(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _rewritten(path: str) -> Callable[[ModuleType], None] | None:
-    """Running the module with pytest's assertion rewriting, where pytest offers it."""
-    try:
-        from _pytest.assertion.rewrite import rewrite_asserts
-
-        source = Path(path).read_bytes()
-        tree = ast.parse(source, filename=path)
-        rewrite_asserts(tree, source, path)
-        code = compile(tree, path, "exec", dont_inherit=True)
-    except Exception:
-        return None
-
-    def run(module: ModuleType) -> None:
-        exec(code, module.__dict__)
-
-    return run
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pytest_cuda.leaks.result import LeakResult
 
 __all__ = [
+    "LIMIT_MARKER",
     "MARKER",
     "REPORT_LEAKS",
     "REPORT_PEAK",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: The marker that asks for (or switches off) the check of one test.
 MARKER = "cuda_leak_check"
+#: The marker that sets one test's memory limit (:mod:`pytest_cuda.leaks.limit`).
+LIMIT_MARKER = "cuda_limit_memory"
 #: Attributes on teardown reports (plain data, so they cross from xdist workers).
 REPORT_LEAKS = "cuda_leaks"
 REPORT_PEAK = "cuda_peak"
