@@ -8,8 +8,8 @@ and displays the result.
 from __future__ import annotations
 
 import ast
+import functools
 import io
-import itertools
 import keyword
 import re
 import time
@@ -39,11 +39,12 @@ from gpumagic.timing import (
     wait_for_setup,
 )
 from gpumagic.timing_counts import SETUP_NOTE
+from gpumagic.timing_plan import Loops
 from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from types import CodeType
 
     from gpumagic.timing import Body
@@ -291,6 +292,7 @@ class CudaTimeMagics(Magics):
                 label=_label(call.body),
                 code_files=(filename,),
                 compile_time=compiled.compile_time,
+                say=None if call.quiet else functools.partial(_say, call.magic),
             )
         except BaseException as exc:  # Ctrl-C too: shown from the user's code on
             show_from(exc, filename, shell)
@@ -340,12 +342,8 @@ class CudaTimeMagics(Magics):
         namespace: dict[str, Any] = {}
         scope = shell.user_ns if not local_ns else {**shell.user_ns, **local_ns}
         exec(compile_source(shell, template, filename, "exec"), scope, namespace)
-        inner = namespace["__cudatime_body"]
-
-        def run(n: int) -> None:
-            inner(itertools.repeat(None, n))
-
-        return run
+        each: Callable[[Iterator[None]], object] = namespace["__cudatime_body"]
+        return Loops(each)
 
 
 @dataclass(frozen=True)
@@ -515,6 +513,11 @@ def _options(args: argparse.Namespace) -> TimingOptions:
         )
     except ValueError as exc:
         raise UsageError(f"%cudatime: {exc}") from None
+
+
+def _say(magic: str, text: str) -> None:
+    """A line before a long wait, shown at once (the result comes after it)."""
+    print(f"{magic}: {text}", flush=True)
 
 
 def _label(body: str) -> str:

@@ -1,7 +1,7 @@
 """What a ``%cudatime`` measurement is given and reports, and the passes around its
 runs: the SM clock read after each run (and runs set apart by it), the CUPTI kernel
 pass (``--kernels``, ``--validate``, and ``--timer cupti``'s headline), ``--sync-check``
-and the counting call.
+and the counting call (planned before the runs, in the budget: :mod:`gpumagic.timing_budget`).
 
 :class:`Passes` is the part of :class:`~gpumagic.timing_runs.Timer` that works on a
 finished set of runs. CUDA only through :mod:`gpumagic.cuda`; no IPython.
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from gpumagic import cuda
 from gpumagic import timing_checks as checks
 from gpumagic.stacks import FrameFilter
-from gpumagic.timing_counts import count_work, set_peaks
+from gpumagic.timing_budget import count_estimate, count_reserve, count_skipped
+from gpumagic.timing_counts import count_work, counting_asked, set_peaks
 from gpumagic.timing_plan import FEWEST_RUNS, Body, Run, TimingOptions
 from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite
 
@@ -47,6 +48,8 @@ class Setup:
     code_files: tuple[str, ...]
     compile_time: float
     clock: Callable[[], float]
+    #: Where to say something before a long wait (``None``: nowhere).
+    say: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -59,9 +62,10 @@ class Report:
     not_applied: list[str] = field(default_factory=list)
     interrupted: bool = False
 
-    def interrupt(self, where: str) -> None:
+    def interrupt(self, where: str, what: str = "these are the results so far") -> None:
+        """Ctrl-C ended the measurement ``where``: the first warning says so."""
         self.interrupted = True
-        self.warnings.append(f"interrupted (Ctrl-C) {where}: these are the results so far")
+        self.warnings.insert(0, f"interrupted (Ctrl-C) {where}: {what}")
 
 
 class Passes:
@@ -77,6 +81,13 @@ class Passes:
     #: Whether to read the SM clock after each run (GPU timing, while NVML answers).
     read_clocks: bool = False
     default_mhz: int | None = None
+    #: The counting call: whether it is due (:meth:`_plan_count`), the seconds reserved
+    #: for it before the runs, and those the counters' set-up and the call took.
+    count_due: bool = False
+    count_reserve: float = 0.0
+    count_setup: float = 0.0
+    count_spent: float = 0.0
+    count_left_out: str = ""
 
     if TYPE_CHECKING:
 
@@ -171,6 +182,8 @@ class Passes:
         made them the headline's runs."""
         options = self.options
         headline = None
+        if self.report.interrupted:
+            return None  # Ctrl-C in the runs: nothing more is run
         try:
             if options.kernels or options.validate or options.timer == "cupti":
                 headline = self._kernel_pass(result, measure, loops, unroll, flushes)
@@ -280,13 +293,40 @@ class Passes:
         result.floor = None  # CUPTI times kernels: no empty-run floor
         return done
 
+    def _plan_count(self, per_loop: float) -> None:
+        """Before the runs: whether the counting call (about ``per_loop`` seconds a call
+        of the body) fits its share of the budget (a note says when it does not); if so
+        the counters loaded, timed (the first count of a process loads about a second
+        of modules), and the call's time reserved from the runs'."""
+        options = self.options
+        if not counting_asked(options) or not cuda.can_count():
+            return
+        estimate = count_estimate(per_loop)
+        self.count_left_out = count_skipped(estimate, options.budget)
+        if self.count_left_out:
+            self.report.notes.append(self.count_left_out + ".")
+            return
+        t0 = self.setup.clock()
+        loaded = cuda.load_counters()
+        self.count_setup = self.setup.clock() - t0 if loaded else 0.0
+        self.count_spent = self.count_setup
+        self.count_due = True
+        self.count_reserve = count_reserve(estimate, options.budget)
+
     def _count(self, result: CudaTimeResult) -> None:
-        """The counting pass: one more call, after every timed one (outside them all)."""
-        warnings, notes = count_work(lambda: self.call(1), result, self.options)
-        if warnings:
-            self.body_error = None  # reported here, not raised
-        if self.devices:
-            cuda.synchronize(self.devices)
+        """The counting call: one more call, after every timed one (outside them all),
+        when :meth:`_plan_count` made room for it; its time goes into the budget's."""
+        if not self.count_due:
+            return
+        t0 = self.setup.clock()
+        try:
+            warnings, notes = count_work(lambda: self.call(1), result, self.options)
+            if warnings:
+                self.body_error = None  # reported here, not raised
+            if self.devices:
+                cuda.synchronize(self.devices)
+        finally:
+            self.count_spent = self.count_setup + self.setup.clock() - t0
         set_peaks(result, self.dram_peak)
         self.report.warnings.extend(warnings)
         self.report.notes.extend(notes)
