@@ -63,9 +63,10 @@ class Report:
     interrupted: bool = False
 
     def interrupt(self, where: str, what: str = "these are the results so far") -> None:
-        """Ctrl-C ended the measurement ``where``: the first warning says so."""
+        """Ctrl-C ended the measurement ``where``: the first warning says so, and
+        ``what`` the numbers are."""
         self.interrupted = True
-        self.warnings.insert(0, f"interrupted (Ctrl-C) {where}: {what}")
+        self.warnings.insert(0, f"interrupted (Ctrl-C) {where}" + (f": {what}" if what else ""))
 
 
 class Passes:

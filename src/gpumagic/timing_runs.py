@@ -137,7 +137,7 @@ class Timer(Passes):
         """Keep what a run of the body cut short by Ctrl-C measured: the loops it
         finished (all it started but the one interrupted), when the body counts them."""
         body = self.setup.body
-        if self.runner is self.call and isinstance(body, Loops) and body.started() > 1:
+        if self.runner == self.call and isinstance(body, Loops) and body.started() > 1:
             self.partial = Run(body.started() - 1, gpu, host, enqueue, tail)
 
     def _host(self, first_call: float | None) -> Measured:
@@ -284,12 +284,12 @@ class Timer(Passes):
             per = r.per_loop
             settled = previous is not None and abs(per - previous) <= STEADY * previous
             spent = self.clock() - start
-            grow = r.host < target / 2  # batches grow until they are about a run long
-            # No batch is started that would end past the share.
-            if settled or self.clock() + r.host * (2 if grow else 1) > end:
+            # No batch is started that could end past the share (a batch is at most
+            # twice as long as the last: doubled, or the same loops on a noisy machine).
+            if settled or self.clock() + 2 * r.host > end:
                 break
             previous = per
-            if grow:
+            if r.host < target / 2:  # batches grow until they are about a run long
                 n *= 2
         if not settled and previous is not None:
             self.report.warnings.append(
@@ -379,16 +379,12 @@ class Timer(Passes):
         partial, batch = self.partial, self.last_batch
         if partial is not None and (batch is None or partial.loops >= batch.loops):
             runs.append(partial)
-            self.report.interrupt(
-                f"in the first run, after {partial.loops:,} of {loops:,} loops",
-                "the numbers are those loops'",
-            )
+            self.report.interrupt(f"after {partial.loops:,} of {loops:,} loops", "")
         elif batch is not None:
             runs.append(batch)
             self.report.interrupt(
-                "in the first run",
-                f"the numbers are the warm-up's last batch of {batch.loops:,} "
-                f"loop{'s' if batch.loops > 1 else ''}",
+                "before the first run ended",
+                f"timed over the warm-up's {batch.loops:,} loop{'s' if batch.loops > 1 else ''}",
             )
         else:
             return False
