@@ -108,8 +108,9 @@ class CudaTimeMagics(Magics):
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="time for warm-up and runs, after the first call (default: 1); at least 3 "
-        "runs are made, however long",
+        help="time for warm-up, runs and the counting call, after the first call "
+        "(default: 1); a run starts only while it lasts, so the call ends within it and "
+        "one run",
     )
     @argument(
         "-p",
@@ -223,11 +224,15 @@ class CudaTimeMagics(Magics):
         loops, each run bracketed by CUDA events and closed by a synchronize of every
         device with a context (work on side streams counts). It warms up until steady,
         reports the first call separately, and stops when the spread of the runs is
-        below 1 % of their median or the budget is spent. Ctrl-C returns what was
-        measured so far. Then one more call, outside every timed number, counts the
-        FLOPs (torch's FlopCounterMode) and the bytes each op reads and writes, for
-        FLOP/s, B/s, % of the device's peak and a roofline verdict (--no-count skips
-        it; --flops and --bytes set the figures instead). Without a GPU it times on
+        below 1 % of their median or the budget is spent (a run starts only before it
+        is: the call ends within the budget and one run). Before runs that will last
+        long past the budget (a huge -n) it says about how long. Ctrl-C returns what was
+        measured so far, in the first run the loops it finished. Then one more call,
+        outside every timed number and within the budget, counts the FLOPs (torch's
+        FlopCounterMode) and the bytes each op reads and writes, for FLOP/s, B/s, % of
+        the device's peak and a roofline verdict (--no-count skips it; --flops and
+        --bytes set the figures instead; a call too long for the budget is not
+        counted, and a note says so). Without a GPU it times on
         the host like %timeit and says so. A note already shown in this session is not
         shown again. Names assigned in the body stay local to it, as with %timeit.
 
