@@ -110,7 +110,7 @@ def count_ops(call: Callable[[], object]) -> OpCounts | None:
     ``None`` when torch was never imported: the call cannot have run torch ops (and
     importing torch to find that out would cost a second).
     """
-    if "torch" not in sys.modules:
+    if not can_count():
         return None
     torch = torch_module()
     from torch.utils.flop_counter import FlopCounterMode
