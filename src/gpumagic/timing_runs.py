@@ -331,6 +331,7 @@ class Timer(Passes):
         values: list[float] = []  # the runs' primary clock, grown with them (not rebuilt)
         target = block_target(options.budget)
         resizes = MAX_RESIZES if fixed or options.loops is not None else 0
+        self.sized = self.clock()
         try:
             self._plan_count(self.per_loop)
             deadline = self.began + options.budget - self.count_reserve
