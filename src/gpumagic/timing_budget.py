@@ -6,7 +6,7 @@ The budget has four parts, in this order:
 1. **warm-up and sizing**: a quarter of it (:data:`WARMUP_SHARE`); a warm-up batch that
    would end past the share is not started;
 2. **the counters' set-up**: the first count of a process loads what torch's dispatch
-   needs (about a second), timed on its own;
+   needs (several hundred modules), timed on its own;
 3. **the runs**: a run starts only before the budget, less the counting call's
    reserve, is spent, so the measurement ends within its budget plus one run (the
    fewest runs, 3, are made while they fit; one always is);

@@ -297,8 +297,8 @@ class Passes:
     def _plan_count(self, per_loop: float) -> None:
         """Before the runs: whether the counting call (about ``per_loop`` seconds a call
         of the body) fits its share of the budget (a note says when it does not); if so
-        the counters loaded, timed (the first count of a process loads about a second
-        of modules), and the call's time reserved from the runs'."""
+        the counters loaded, timed (the first count of a process imports several
+        hundred modules), and the call's time reserved from the runs'."""
         options = self.options
         if not counting_asked(options) or not cuda.can_count():
             return

@@ -140,7 +140,7 @@ def can_count() -> bool:
 def load_counters() -> bool:
     """Load what :func:`count_ops` needs, once a process, so a caller can time it on its
     own: torch's first op under a dispatch mode imports several hundred modules (sympy
-    among them), about a second. Returns whether they were loaded now (``False``: they
+    among them), which is slow once. Returns whether they were loaded now (``False``: they
     already were). One op on a one-element CPU tensor: no CUDA context."""
     if _load_counters.cache_info().currsize:
         return False
