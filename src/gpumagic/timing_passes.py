@@ -82,9 +82,9 @@ class Passes:
     #: Whether to read the SM clock after each run (GPU timing, while NVML answers).
     read_clocks: bool = False
     default_mhz: int | None = None
-    #: The counting call: whether it is due (:meth:`_plan_count`), the seconds reserved
-    #: for it before the runs, and those the counters' set-up and the call took.
-    count_due: bool = False
+    #: The counting call: the seconds reserved for it before the runs, those the
+    #: counters' set-up took (before the runs where it was planned) and all it took,
+    #: and why it was left out.
     count_reserve: float = 0.0
     count_setup: float = 0.0
     count_spent: float = 0.0
@@ -294,31 +294,38 @@ class Passes:
         result.floor = None  # CUPTI times kernels: no empty-run floor
         return done
 
+    def _counting(self) -> bool:
+        """Whether a count is asked for and can find anything (torch was imported)."""
+        return counting_asked(self.options) and cuda.can_count()
+
     def _plan_count(self, per_loop: float) -> None:
-        """Before the runs: whether the counting call (about ``per_loop`` seconds a call
-        of the body) fits its share of the budget (a note says when it does not); if so
-        the counters loaded, timed (the first count of a process imports several
-        hundred modules), and the call's time reserved from the runs'."""
-        options = self.options
-        if not counting_asked(options) or not cuda.can_count():
-            return
+        """Before the runs, from the warm-up's ``per_loop``: when the counting call looks
+        like it fits its share of the budget, the counters loaded (the first count of a
+        process imports several hundred modules: timed, in the budget) and the call's
+        time reserved from the runs'. :meth:`_count` decides again on the runs."""
+        budget = self.options.budget
         estimate = count_estimate(per_loop)
-        self.count_left_out = count_skipped(estimate, options.budget)
-        if self.count_left_out:
-            self.report.notes.append(self.count_left_out + ".")
-            return
+        if self._counting() and not count_skipped(estimate, budget):
+            self._load_counters()
+            self.count_reserve = count_reserve(estimate, budget)
+
+    def _load_counters(self) -> None:
         t0 = self.setup.clock()
-        loaded = cuda.load_counters()
-        self.count_setup = self.setup.clock() - t0 if loaded else 0.0
-        self.count_spent = self.count_setup
-        self.count_due = True
-        self.count_reserve = count_reserve(estimate, options.budget)
+        if cuda.load_counters():
+            self.count_setup = self.setup.clock() - t0
+            self.count_spent += self.count_setup
 
     def _count(self, result: CudaTimeResult) -> None:
         """The counting call: one more call, after every timed one (outside them all),
-        when :meth:`_plan_count` made room for it; its time goes into the budget's."""
-        if not self.count_due:
+        in the budget; left out, and a note says so, when the runs' median says it does
+        not fit (the warm-up's estimate can be far off on a loaded machine)."""
+        if not self._counting():
             return
+        self.count_left_out = count_skipped(count_estimate(result.host_time), self.options.budget)
+        if self.count_left_out:
+            self.report.notes.append(self.count_left_out + ".")
+            return
+        self._load_counters()
         t0 = self.setup.clock()
         try:
             warnings, notes = count_work(lambda: self.call(1), result, self.options)
@@ -327,7 +334,7 @@ class Passes:
             if self.devices:
                 cuda.synchronize(self.devices)
         finally:
-            self.count_spent = self.count_setup + self.setup.clock() - t0
+            self.count_spent += self.setup.clock() - t0
         set_peaks(result, self.dram_peak)
         self.report.warnings.extend(warnings)
         self.report.notes.extend(notes)

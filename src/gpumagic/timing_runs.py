@@ -83,6 +83,7 @@ class Timer(Passes):
         # (warm-up and sizing before), and when they ended.
         self.began = self.sized = self.ran = 0.0
         self.per_loop = 0.0  # the warm-up's estimate, per loop of the body
+        self.count_before_runs = 0.0  # seconds of the counting call's set-up before them
         # What Ctrl-C in the first run leaves: the loops that run finished, timed, and
         # the last warm-up or sizing batch.
         self.partial: Run | None = None
@@ -334,6 +335,7 @@ class Timer(Passes):
         self.sized = self.clock()
         try:
             self._plan_count(self.per_loop)
+            self.count_before_runs = self.count_spent  # the counters' set-up, if made
             deadline = self.began + options.budget - self.count_reserve
             self.sized = self.clock()  # the start of the runs kept (after the last resize)
             self._say_wait(loops, deadline)
@@ -396,7 +398,7 @@ class Timer(Passes):
         matters (not after Ctrl-C: the user stopped it)."""
         spent = BudgetSpent(
             budget=self.options.budget,
-            warmup=max(0.0, self.sized - self.began - self.count_setup),
+            warmup=max(0.0, self.sized - self.began - self.count_before_runs),
             runs=self.ran - self.sized,
             count=self.count_spent,
             count_setup=self.count_setup,

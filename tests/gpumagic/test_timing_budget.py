@@ -280,6 +280,26 @@ def test_a_short_counting_call_is_made_in_a_small_budget(
     assert result.flops_counted
 
 
+def test_a_warm_up_stall_does_not_lose_the_count(clock: FakeClock, counters: FakeCounters) -> None:
+    """The machine stalled the warm-up's only batch, so its estimate said the counting
+    call would not fit; the runs' median decides, and the call is made (a test with
+    --budget 0.05 lost its counts on a loaded machine this way)."""
+    calls = 0
+
+    def body() -> None:
+        nonlocal calls
+        calls += 1
+        clock.advance(0.3 if calls == 2 else 1e-3)
+
+    options = TimingOptions(host_only=True, budget=0.05)
+    result = time_cuda(body, options, takes_count=False)
+    assert (counters.counts, result.flops_counted) == (1, True)
+    spent = result.budget_spent
+    assert spent is not None
+    assert (spent.count_setup, spent.count) == (pytest.approx(0.7), pytest.approx(0.701))
+    assert spent.total == pytest.approx(after_first_call(clock, result))
+
+
 def test_a_huge_n_says_its_wait_and_ctrl_c_keeps_the_loops_made(
     clock: FakeClock, counters: FakeCounters
 ) -> None:
