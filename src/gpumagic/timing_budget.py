@@ -4,16 +4,17 @@ first call) and what it says about it.
 The budget has four parts, in this order:
 
 1. **warm-up and sizing**: a quarter of it (:data:`WARMUP_SHARE`); a warm-up batch that
-   would end past the share is not started;
+   could end past the share is not started;
 2. **the counters' set-up**: the first count of a process loads what torch's dispatch
-   needs (several hundred modules), timed on its own;
+   needs (several hundred modules), timed on its own (here when the warm-up's estimate
+   says the counting call fits, else just before it);
 3. **the runs**: a run starts only before the budget, less the counting call's
    reserve, is spent, so the measurement ends within its budget plus one run (the
    fewest runs, 3, are made while they fit; one always is);
 4. **the counting call**: one more call of the body, its time reserved before the runs
-   (at most :data:`COUNT_SHARE` of the budget); left out when it would take more than
-   that share and more than :data:`COUNT_ALWAYS` (a call that short is always counted:
-   a small ``--budget`` keeps its counts, whatever a loaded machine did to the estimate).
+   (at most :data:`COUNT_SHARE` of the budget); left out when, by the runs' median, it
+   would take more than that share and more than :data:`COUNT_ALWAYS` (a call that
+   short is always made: a small ``--budget`` keeps its counts).
 
 Pure: takes times, returns decisions and sentences; no clock, no CUDA, no IPython.
 """
