@@ -360,3 +360,38 @@ def test_ctrl_c_in_the_first_call_or_warm_up_on_the_gpu_is_short(
     assert gpu_shell.run_cell(
         "import torch\nassert torch.cuda.current_stream() == torch.cuda.default_stream()"
     ).success
+
+
+def test_a_huge_n_says_its_wait_and_ctrl_c_keeps_the_loops_launched(
+    gpu_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39: ``%cudatime -n 100000000 -r 1 torch.mm(a, b)`` started with no estimate
+    and Ctrl-C before the first run ended gave a bare KeyboardInterrupt. Ctrl-C (raised
+    by the body in its 3001st call) keeps the loops the run finished, timed on the GPU
+    to their end; the stream is put back."""
+    gpu_shell.user_ns["calls"] = [0]
+    step = (
+        "a = torch.randn(256, 256, device='cuda')\n"
+        "def step():\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] > 3000: raise KeyboardInterrupt\n"
+        "    return a @ a"
+    )
+    assert gpu_shell.run_cell(step).success
+    capsys.readouterr()
+    result = gpu_shell.run_cell("r = %cudatime -o -n 100000000 -r 1 --no-count step()")
+    assert result.success, result.error_in_exec
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("%cudatime: about "), out
+    assert "for 1 run of 100,000,000 loops" in first
+    assert "Ctrl-C stops with what has run" in first
+    assert "Traceback" not in out
+    r = gpu_shell.user_ns["r"]
+    assert (r.clock, r.repeat, r.interrupted) == ("gpu", 1, True)
+    assert 100 < r.loops < 3000
+    assert r.warnings[0] == f"interrupted (Ctrl-C) after {r.loops:,} of 100,000,000 loops"
+    assert r.median > 0
+    assert gpu_shell.run_cell(
+        "assert torch.cuda.current_stream() == torch.cuda.default_stream()"
+    ).success

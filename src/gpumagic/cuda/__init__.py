@@ -96,7 +96,7 @@ from gpumagic.cuda.objects import (
     tensors_among,
     torch_device,
 )
-from gpumagic.cuda.op_counts import OpCounts, count_ops
+from gpumagic.cuda.op_counts import OpCounts, can_count, count_ops, load_counters
 from gpumagic.cuda.process_group import (
     UnexpectedStoreValue,
     connect_store,
@@ -152,6 +152,7 @@ __all__ = [
     "allocator_backend",
     "allocator_stats",
     "async_error",
+    "can_count",
     "capture_graph",
     "catch_syncs",
     "clear_fft_plan_caches",
@@ -179,6 +180,7 @@ __all__ = [
     "l2_flush_buffer",
     "leave_group",
     "live_groups",
+    "load_counters",
     "mark_rank_done",
     "memory_history_enabled",
     "memory_snapshot",
