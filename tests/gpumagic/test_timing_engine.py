@@ -241,14 +241,10 @@ def test_ctrl_c_before_anything_was_measured_propagates() -> None:
 
 # -- the GPU branches, against a stand-in seam -------------------------------------------
 @pytest.fixture
-def clock(seam: FakeSeam, monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+def clock(fake_clock: FakeClock) -> FakeClock:
     """The engine's host clock and the stand-in's events, waits and bodies on one
-    :class:`FakeClock`: exact times, which a loaded host cannot stretch (a side-stream
-    run of 5 ms once read 10.07 ms on the host clock under load; issue 39)."""
-    clock = FakeClock()
-    monkeypatch.setattr(timing, "time", clock)
-    seam.on_clock(clock)
-    return clock
+    :class:`FakeClock` (conftest's ``fake_clock``)."""
+    return fake_clock
 
 
 def test_gpu_runs_use_events_spin_and_synchronize(seam: FakeSeam, clock: FakeClock) -> None:
