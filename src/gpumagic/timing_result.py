@@ -224,8 +224,9 @@ class CudaTimeResult:
     clock_outliers: list[tuple[float, int]] = field(default_factory=list)
     #: Whether :attr:`clock_outliers` were left out (``--clock-outliers drop``).
     clock_outliers_dropped: bool = False
-    #: ``--cold``: seconds per loop of warm single calls of the same body (no flush),
-    #: for the L2 check.
+    #: ``--cold``: seconds per loop of each warm single call of the body (no flush).
+    cold_warm_timings: list[float] = field(default_factory=list)
+    #: ``--cold``: the median of :attr:`cold_warm_timings`, for the L2 check.
     cold_warm_time: float | None = None
     #: ``--cold``: bytes overwritten before each call.
     flush_bytes: int | None = None
@@ -466,9 +467,7 @@ class CudaTimeResult:
                 )
             )
         if self.mode.startswith("cold"):
-            cold = checks.cold_row(
-                self.median, self.cold_warm_time, self.flush_bytes, self.l2_bytes, self.precision
-            )
+            cold = checks.cold_row(self)
             if cold is not None:
                 out.append(cold)
         if self.verdict:

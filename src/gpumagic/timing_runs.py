@@ -505,8 +505,10 @@ class Timer(Passes):
         the cold ones are but without the flush (the first, after a flush, left out)."""
         self._block(1)
         warm = [self._block(1).gpu for _ in range(COLD_CHECK_RUNS)]
+        result.cold_warm_timings = warm
         result.cold_warm_time = quantile(warm, 0.5)
-        warning = checks.cold_warning(result.median, result.cold_warm_time)
+        interval = checks.cold_interval(result.timings, warm)
+        warning = checks.cold_warning(result.median, result.cold_warm_time, interval)
         if warning:
             self.report.warnings.append(warning)
 
