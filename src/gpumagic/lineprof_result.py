@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from gpumagic.lineprof import LineProfileResult
+    from gpumagic.lineprof_attribution import LineGpu
     from gpumagic.lineprof_hook import Label, LineExtras
 
 __all__ = ["LineProfileDisplay", "cell_sources_kept", "notes", "render_html", "render_text"]
@@ -56,6 +57,82 @@ def _aggregated_statements(result: LineProfileResult) -> bool:
     return False
 
 
+def kernel_notes(result: LineProfileResult) -> list[str]:
+    """How ``--gpu`` measured, what it cost, and the GPU work no line in the table got."""
+    kernels = result.kernels
+    syncs = "" if result.sync else " and not one at a line boundary"
+    found = [
+        "GPU Time: the device time CUPTI recorded for the kernels, copies and memsets "
+        "launched while the line ran, on any stream, its calls to profiled functions "
+        "included (torch.profiler; each launch matched to its line after the run: no "
+        "CUDA event, no wait per line); % GPU: its share of the function's. Syncs: "
+        "synchronizing CUDA calls made on the line (torch's sync debug mode): there the "
+        "host waited for the GPU."
+    ]
+    if kernels is None:
+        if result.kernels_failure:
+            found.append(f"--gpu: {result.kernels_failure}.")
+        return found
+    if self_column(result):
+        found.append("Self: the part of GPU Time the line launched itself, not through the "
+                     "profiled functions it called.")
+    if kernels.backward_to_forward_ns:
+        found.append(
+            f"Bwd: backward kernels charged to the forward line that built their graph "
+            f"node (torch's sequence numbers), also in GPU Time: "
+            f"{format_time(kernels.backward_to_forward_ns * 1e-9)} of the backward's "
+            f"{format_time(kernels.backward_ns * 1e-9)}; the rest stays on the line that "
+            "called backward()."
+        )
+    cost = result.trace_cost
+    spent = f"; recording cost {format_time(cost.total_s)} outside the lines" if cost else ""
+    found.append(
+        f"--gpu: {kernels.work} kernels, copies and memsets, "
+        f"{format_time(kernels.total_ns * 1e-9)} on the GPU{spent} (torch ops run "
+        f"slower while torch.profiler records: that is in Time); one synchronize after "
+        f"the run{syncs}, so the record is complete."
+    )
+    if kernels.graph_replays:
+        found.append(
+            f"{kernels.graph_replays} CUDA-graph replay{'s' * (kernels.graph_replays != 1)} "
+            f"({format_time(kernels.graph_ns * 1e-9)}): each charged to the line that replayed it, as one launch; the lines "
+            "captured into the graph get none of it."
+        )
+    apart = [
+        (kernels.outside_ns, "launched outside the profiled lines"),
+        (kernels.other_threads_ns, "launched on threads that ran no profiled line"),
+        (kernels.unlinked_ns, "with no launch in the record"),
+    ]
+    for ns, where in apart:
+        if ns:
+            found.append(f"{format_time(ns * 1e-9)} of GPU work {where}: in no line.")
+    if result.kernels_failure:
+        found.append(f"--gpu: {result.kernels_failure}.")
+    return found
+
+
+def self_column(result: LineProfileResult) -> bool:
+    """Whether some line's GPU time is not all its own (it called a profiled function)."""
+    if result.kernels is None:
+        return False
+    return any(
+        figures.self_ns != figures.total_ns
+        for per_line in result.kernels.lines.values()
+        for figures in per_line.values()
+    )
+
+
+def backward_column(result: LineProfileResult) -> bool:
+    """Whether backward kernels were charged to forward lines."""
+    return result.kernels is not None and result.kernels.backward_to_forward_ns > 0
+
+
+def _line_gpu(result: LineProfileResult, label: Label) -> dict[int, LineGpu]:
+    if result.kernels is None:
+        return {}
+    return result.kernels.lines.get(label, {})
+
+
 def notes(result: LineProfileResult) -> list[str]:
     """What the reader needs to know about how the numbers were taken."""
     found: list[str] = []
@@ -69,18 +146,14 @@ def notes(result: LineProfileResult) -> list[str]:
             )
         else:
             found.append(
-                "--no-sync: host times only; GPU work is billed to the line that waits for it."
+                "--no-sync: no synchronize at line boundaries; Time is the host's, and GPU "
+                "work the host waits for is billed to the line that waits."
             )
         found.append(f"Wall time of the profiled statement: {format_time(result.wall_s)}.")
     elif result.gpu or result.memory:
         found.append("The statement used no CUDA: there are no GPU or memory columns.")
     if result.gpu_columns:
-        found.append(
-            "GPU Time: time on the GPU between CUDA events recorded on the current stream "
-            "at each line boundary (it includes idle gaps while the host is the "
-            "bottleneck). Syncs: synchronizing CUDA calls made on the line (torch's sync "
-            "debug mode): there the host waited for the GPU."
-        )
+        found.extend(kernel_notes(result))
     if result.memory_columns:
         found.append(
             "Mem Δ: change of allocated CUDA memory over the line's hits. Peak: the most "
@@ -91,11 +164,6 @@ def notes(result: LineProfileResult) -> list[str]:
         found.append(
             f"{result.capture_skips} line boundaries fell inside CUDA graph capture: "
             "not synchronized or timed there."
-        )
-    if result.gpu_columns and result.gpu_unmeasured:
-        found.append(
-            f"{result.gpu_unmeasured} line hits have no GPU time (CUDA graph capture, "
-            "events on two devices, or CUDA started within the line)."
         )
     if result.failure:
         found.append(f"gpumagic stopped its CUDA work after an error: {result.failure}")
@@ -221,11 +289,13 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
     seconds_scalar = 1.0 / (output_unit if output_unit is not None else unit)
     gpu = result.gpu_columns
     memory = result.memory_columns
-    total_gpu_ms = sum(e.gpu_ms for e in extras.values())
+    on_gpu = _line_gpu(result, label)
+    total_gpu_ns = sum(figures.total_ns for figures in on_gpu.values())
+    own, backward = self_column(result), backward_column(result)
 
     stream.write("Total time: %g s\n" % (total_time * unit))
     if gpu:
-        stream.write("Total GPU time: %g s\n" % (total_gpu_ms * 1e-3))
+        stream.write("Total GPU time: %g s\n" % (total_gpu_ns * 1e-9))
     if os.path.exists(filename) or is_generated_code(filename):
         stream.write(f"File: {filename}\n")
         stream.write(f"Function: {name} at line {start}\n")
@@ -236,6 +306,7 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
         col: max(width, configured.get(col, width)) for col, width in get_column_widths().items()
     }
     widths.update({"gpu": widths["time"], "gpupct": widths["percent"], "syncs": 6})
+    widths.update({"self": widths["time"], "bwd": widths["time"]})
     widths.update({"mem": 10, "peak": 10})
 
     display: dict[int, tuple[str, ...]] = {}
@@ -249,12 +320,18 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
         ]
         extra = extras.get(lineno)
         if gpu:
-            if extra is not None and extra.gpu_spans:
-                cells.append(_fit(extra.gpu_ms * 1e-3 * seconds_scalar, widths["gpu"]))
-                share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
+            figures = on_gpu.get(lineno)
+            if figures is not None:
+                cells.append(_fit(figures.total_ns * 1e-9 * seconds_scalar, widths["gpu"]))
+                share = 100 * figures.total_ns / total_gpu_ns if total_gpu_ns else 0.0
                 cells.append(f"{share:5.1f}")
+                if own:
+                    cells.append(_fit(figures.self_ns * 1e-9 * seconds_scalar, widths["self"]))
+                if backward:
+                    bwd = figures.backward_total_ns * 1e-9 * seconds_scalar
+                    cells.append(_fit(bwd, widths["bwd"]) if figures.backward_total_ns else "")
             else:
-                cells += ["", ""]
+                cells += [""] * (2 + own + backward)
             cells.append(str(extra.syncs) if extra is not None and extra.syncs else "")
         if memory:
             if extra is not None and extra.mem_hits:
@@ -266,8 +343,8 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
     order = ["line", "hits", "time", "perhit", "percent"]
     header = ["Line #", "Hits", "Time", "Per Hit", "% Time"]
     if gpu:
-        order += ["gpu", "gpupct", "syncs"]
-        header += ["GPU Time", "% GPU", "Syncs"]
+        order += ["gpu", "gpupct"] + ["self"] * own + ["bwd"] * backward + ["syncs"]
+        header += ["GPU Time", "% GPU"] + ["Self"] * own + ["Bwd"] * backward + ["Syncs"]
     if memory:
         order += ["mem", "peak"]
         header += ["Mem Δ", "Peak"]
@@ -340,11 +417,12 @@ def render_html(
             continue
         filename, start, name = label
         extras = result.extras.get(label, {})
+        on_gpu = _line_gpu(result, label)
         total = sum(t[2] for t in timings)
-        total_gpu_ms = sum(e.gpu_ms for e in extras.values())
+        total_gpu_ns = sum(figures.total_ns for figures in on_gpu.values())
         summary = f"total {format_time(total * unit)}"
         if gpu:
-            summary += f", GPU {format_time(total_gpu_ms * 1e-3)}"
+            summary += f", GPU {format_time(total_gpu_ns * 1e-9)}"
         cell = (cells or {}).get(filename)
         where = f"{cell}, line {start}" if cell else f"{filename}:{start}"
         out.append(
@@ -352,7 +430,9 @@ def render_html(
         )
         headers = ["Line #", "Hits", "Time", "Per Hit", "% Time", ""]
         if gpu:
-            headers += ["GPU Time", "% GPU", "", "Syncs"]
+            headers += ["GPU Time", "% GPU", ""]
+            headers += ["Self"] * self_column(result) + ["Bwd"] * backward_column(result)
+            headers += ["Syncs"]
         if memory:
             headers += ["Mem Δ", "Peak"]
         out.append("<table><thead><tr>")
@@ -367,8 +447,9 @@ def render_html(
                     text=text,
                     rows=rows,
                     extras=extras,
+                    on_gpu=on_gpu,
                     total=total,
-                    total_gpu_ms=total_gpu_ms,
+                    total_gpu_ns=total_gpu_ns,
                     unit=unit,
                     result=result,
                 )
@@ -396,8 +477,9 @@ def _html_row(
     text: str,
     rows: dict[int, tuple[int, int]],
     extras: dict[int, LineExtras],
+    on_gpu: dict[int, LineGpu],
     total: int,
-    total_gpu_ms: float,
+    total_gpu_ns: int,
     unit: float,
     result: LineProfileResult,
 ) -> str:
@@ -417,11 +499,18 @@ def _html_row(
     else:
         cells += ["<td></td>"] * 5
     if result.gpu_columns:
-        if extra is not None and extra.gpu_spans:
-            share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
-            cells += [f"<td>{format_time(extra.gpu_ms * 1e-3)}</td>", _bar(share, "#2a9d8f")]
+        figures = on_gpu.get(lineno)
+        own, backward = self_column(result), backward_column(result)
+        if figures is not None:
+            share = 100 * figures.total_ns / total_gpu_ns if total_gpu_ns else 0.0
+            cells += [f"<td>{format_time(figures.total_ns * 1e-9)}</td>", _bar(share, "#2a9d8f")]
+            if own:
+                cells.append(f"<td>{format_time(figures.self_ns * 1e-9)}</td>")
+            if backward:
+                bwd = figures.backward_total_ns
+                cells.append(f"<td>{format_time(bwd * 1e-9) if bwd else ''}</td>")
         else:
-            cells += ["<td></td>"] * 3
+            cells += ["<td></td>"] * (3 + own + backward)
         if flagged:
             assert extra is not None
             cells.append(
