@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ClockFit", "Label", "LineEvent", "LineStacks", "Stack", "Where"]
 
+_DRIFT_SPAN = 500_000  # ns: marks closer than twice this show no drift worth fitting
+
 #: line_profiler's name of a function: (filename, first line, qualified name).
 Label = tuple[str, int, str]
 #: A line of a profiled function: its label and the first line of the statement.
@@ -102,14 +104,12 @@ class ClockFit:
             raise ValueError("no marks to match the profiler's clock with")
         ordered = sorted(marks)
         middle = ordered[0][0] + (ordered[-1][1] - ordered[0][0]) / 2
-        early = [m for m in ordered if m[0] <= middle]
         late = [m for m in ordered if m[0] > middle]
-        o1, h1, e1 = _bounded_offset(early)
-        if not late:
-            return cls(offset=o1, host_ns=h1, error_ns=e1)
+        if middle - ordered[0][0] < _DRIFT_SPAN or not late:  # too close to see drift
+            offset, host, error = _bounded_offset(ordered)
+            return cls(offset=offset, host_ns=host, error_ns=error)
+        o1, h1, e1 = _bounded_offset([m for m in ordered if m[0] <= middle])
         o2, h2, e2 = _bounded_offset(late)
-        if h2 - h1 < 1e6:  # under a millisecond apart: no drift to see
-            return cls(offset=(o1 + o2) / 2, host_ns=h1, error_ns=max(e1, e2))
         return cls(offset=o1, host_ns=h1, slope=(o2 - o1) / (h2 - h1), error_ns=max(e1, e2))
 
     def to_host(self, profiler_ns: float) -> float:

@@ -158,18 +158,22 @@ class KernelRecorder:
 
     def __init__(self, *, cuda: bool = True) -> None:
         torch = torch_module()
-        from torch.profiler import ProfilerActivity, profile
+        # torch.autograd's profiler, not torch.profiler.profile: the latter imports
+        # torch._inductor on its first start (seconds), for nothing we use.
+        from torch.autograd.profiler import profile
 
-        activities = [ProfilerActivity.CPU]
-        if cuda:
-            activities.append(ProfilerActivity.CUDA)
         self._torch = torch
         self._profile = profile(
-            activities=activities, record_shapes=False, with_stack=False, profile_memory=False
+            use_cpu=True,
+            use_device="cuda" if cuda else None,
+            use_kineto=True,
+            record_shapes=False,
+            with_stack=False,
+            profile_memory=False,
         )
         self._enter = torch.ops.profiler._record_function_enter_new
         self._exit = torch.ops.profiler._record_function_exit._RecordFunction
-        self._profile.start()
+        self._profile.__enter__()
 
     def mark(self, label: str) -> tuple[int, int]:
         """Record a mark named ``label`` on this thread; the ``perf_counter_ns`` read just
@@ -183,8 +187,8 @@ class KernelRecorder:
 
     def stop(self) -> KernelTrace:
         """Stop the profiler and read its record."""
-        self._profile.stop()
-        results = self._profile.profiler.kineto_results
+        self._profile.__exit__(None, None, None)
+        results = self._profile.kineto_results
         return trace_from_events(results.events(), self._torch.autograd.DeviceType)
 
 
