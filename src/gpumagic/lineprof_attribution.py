@@ -156,7 +156,7 @@ def _forward_ops(ops: tuple[HostOp, ...]) -> dict[tuple[int, int], HostOp]:
     return found
 
 
-def attribute(  # noqa: PLR0912, PLR0915 (one pass over the work, every case said)
+def attribute(  # noqa: PLR0915 (one pass over the work, every case said)
     trace: KernelTrace,
     stacks: LineStacks,
     clock: ClockFit,

@@ -5,8 +5,8 @@ use it synchronizes every device with a context (so the line that launched the w
 waits for it), counts the synchronizing calls torch reports, reads the allocator's
 counters and, for ``--gpu``, records when each line ran (no CUDA event, no wait:
 :mod:`gpumagic.lineprof_kernels` charges each kernel to its line after the run); it
-measures its own cost so the profiler can subtract it. :func:`statement_lines` maps multi-line statements to
-their first line. All CUDA calls go through :mod:`gpumagic.cuda`.
+measures its own cost so the profiler can subtract it. :func:`statement_lines` maps
+multi-line statements to their first line. All CUDA calls go through :mod:`gpumagic.cuda`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 from line_profiler._line_profiler import label as _code_label
 
 from gpumagic import cuda
-from gpumagic.lineprof_attribution import GpuAttribution
 from gpumagic.lineprof_kernels import KernelLines, TraceCost
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import CodeType, FrameType
+
+    from gpumagic.lineprof_attribution import GpuAttribution
 
 __all__ = [
     "CALIBRATION_CODE",
@@ -48,6 +49,7 @@ __all__ = [
 
 Label = tuple[str, int, str]
 Marks = tuple[int, int, int, int]
+
 
 @dataclass
 class LineExtras:

@@ -74,8 +74,10 @@ def kernel_notes(result: LineProfileResult) -> list[str]:
             found.append(f"--gpu: {result.kernels_failure}.")
         return found
     if self_column(result):
-        found.append("Self: the part of GPU Time the line launched itself, not through the "
-                     "profiled functions it called.")
+        found.append(
+            "Self: the part of GPU Time the line launched itself, not through the "
+            "profiled functions it called."
+        )
     if kernels.backward_to_forward_ns:
         found.append(
             f"Bwd: backward kernels charged to the forward line that built their graph "
@@ -95,8 +97,8 @@ def kernel_notes(result: LineProfileResult) -> list[str]:
     if kernels.graph_replays:
         found.append(
             f"{kernels.graph_replays} CUDA-graph replay{'s' * (kernels.graph_replays != 1)} "
-            f"({format_time(kernels.graph_ns * 1e-9)}): each charged to the line that replayed it, as one launch; the lines "
-            "captured into the graph get none of it."
+            f"({format_time(kernels.graph_ns * 1e-9)}): each charged to the line that "
+            "replayed it, as one launch; the lines captured into the graph get none of it."
         )
     apart = [
         (kernels.outside_ns, "launched outside the profiled lines"),

@@ -40,8 +40,14 @@ def charge(trace: KernelTrace, timeline: LineStacks, **more: Any) -> Any:
 
 
 def op(ident: int, start: int, end: int, **more: Any) -> HostOp:
-    return HostOp(id=ident, name=more.pop("name", "aten::mm"), thread=more.pop("thread", 1),
-                  start_ns=start, end_ns=end, **more)
+    return HostOp(
+        id=ident,
+        name=more.pop("name", "aten::mm"),
+        thread=more.pop("thread", 1),
+        start_ns=start,
+        end_ns=end,
+        **more,
+    )
 
 
 def kernel(ns: int, op_id: int, correlation: int = 0) -> DeviceWork:
@@ -135,11 +141,23 @@ def test_backward_goes_to_the_last_forward_op_with_its_sequence_number() -> None
             op(2, 210, 250, seq=5, name="aten::linear"),  # line 3 built node 5...
             op(3, 211, 240, seq=5, name="aten::t"),  # ...in this op, inside the composite
             # line 4: backward() on the engine's thread (torch thread 2)
-            op(4, 310, 335, seq=5, fwd_thread=1, thread=2, name="autograd::engine::"
-               "evaluate_function: TBackward0"),
+            op(
+                4,
+                310,
+                335,
+                seq=5,
+                fwd_thread=1,
+                thread=2,
+                name="autograd::engine::evaluate_function: TBackward0",
+            ),
             op(5, 320, 330, thread=2, name="aten::transpose"),
-            op(6, 340, 350, thread=2, name="autograd::engine::evaluate_function: "
-               "torch::autograd::AccumulateGrad"),
+            op(
+                6,
+                340,
+                350,
+                thread=2,
+                name="autograd::engine::evaluate_function: torch::autograd::AccumulateGrad",
+            ),
             op(7, 341, 349, thread=2, name="aten::add_"),
         ),
         work=(kernel(9, 5), kernel(4, 7)),
@@ -161,7 +179,10 @@ def test_launches_without_an_op_go_by_their_runtime_call() -> None:
             DeviceWork("memcpy", "c", 5, 0, 51),  # launched on a thread we never saw
             DeviceWork("kernel", "d", 6, 0, 52),  # no runtime call in the record
         ),
-        calls=(RuntimeCall(50, "cudaGraphLaunch", 4242, 150), RuntimeCall(51, "cudaMemcpy", 99, 150)),
+        calls=(
+            RuntimeCall(50, "cudaGraphLaunch", 4242, 150),
+            RuntimeCall(51, "cudaMemcpy", 99, 150),
+        ),
     )
     found = charge(trace, timeline, os_threads={4242: 7})
     line = found.lines[F][2]
@@ -194,9 +215,17 @@ def test_kineto_events_become_plain_records() -> None:
 
     def event(name: str, kind: str | None, device: str = "cpu", **more: Any) -> Any:
         fields = {
-            "name": name, "device_type": device, "duration_ns": 5, "linked_correlation_id": 1,
-            "correlation_id": 2, "device_index": 0, "device_resource_id": 7,
-            "start_thread_id": 3, "start_ns": 100, "end_ns": 105, "sequence_nr": 4,
+            "name": name,
+            "device_type": device,
+            "duration_ns": 5,
+            "linked_correlation_id": 1,
+            "correlation_id": 2,
+            "device_index": 0,
+            "device_resource_id": 7,
+            "start_thread_id": 3,
+            "start_ns": 100,
+            "end_ns": 105,
+            "sequence_nr": 4,
             "fwd_thread_id": 0,
         } | more
         methods = {key: (lambda value=value: value) for key, value in fields.items()}
@@ -219,7 +248,9 @@ def test_kineto_events_become_plain_records() -> None:
     )
     assert [o.name for o in trace.ops] == ["aten::mm", "aten::add"]
     assert [(w.kind, w.op, w.stream) for w in trace.work] == [
-        ("kernel", 1, 7), ("memcpy", 1, 7), ("memset", 1, 7)
+        ("kernel", 1, 7),
+        ("memcpy", 1, 7),
+        ("memset", 1, 7),
     ]
     assert [c.name for c in trace.calls] == ["cudaLaunchKernel", "cudaMemsetAsync"]
 
@@ -240,9 +271,20 @@ def train_step(net: Any, x: Any, y: Any) -> Any:
 
 #: Ops that only make a new view or an empty tensor: they launch no kernel on a GPU.
 NO_KERNEL = {
-    "aten::detach", "detach", "aten::t", "aten::transpose", "aten::as_strided",
-    "aten::view", "aten::expand", "aten::resolve_conj", "aten::empty", "aten::empty_like",
-    "aten::empty_strided", "aten::result_type", "aten::to", "aten::alias",
+    "aten::detach",
+    "detach",
+    "aten::t",
+    "aten::transpose",
+    "aten::as_strided",
+    "aten::view",
+    "aten::expand",
+    "aten::resolve_conj",
+    "aten::empty",
+    "aten::empty_like",
+    "aten::empty_strided",
+    "aten::result_type",
+    "aten::to",
+    "aten::alias",
 }
 
 
@@ -263,8 +305,10 @@ class StandInRecorder:
             outer.id
             for outer in ops
             for inner in ops
-            if inner is not outer and inner.thread == outer.thread
-            and outer.start_ns <= inner.start_ns and inner.end_ns <= outer.end_ns
+            if inner is not outer
+            and inner.thread == outer.thread
+            and outer.start_ns <= inner.start_ns
+            and inner.end_ns <= outer.end_ns
         }
         work = tuple(
             DeviceWork("kernel", o.name, o.end_ns - o.start_ns, o.id, 0)
@@ -279,8 +323,11 @@ def test_backward_time_of_a_real_training_step_goes_to_its_forward_lines(
 ) -> None:
     torch = pytest.importorskip("torch")
     FakeDevice().install(monkeypatch)  # a CUDA context as far as %lprun can tell
-    install(monkeypatch, start_kernel_trace=lambda cuda=True: StandInRecorder(),
-            profiler_running=lambda: False)
+    install(
+        monkeypatch,
+        start_kernel_trace=lambda cuda=True: StandInRecorder(),
+        profiler_running=lambda: False,
+    )
     torch.manual_seed(0)
     fc1, fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)
     params = [*fc1.parameters(), *fc2.parameters()]
@@ -302,7 +349,9 @@ def test_backward_time_of_a_real_training_step_goes_to_its_forward_lines(
     found = result.kernels
     assert found is not None, result.kernels_failure
     first = train_step.__code__.co_firstlineno
-    lines = {line - first: figures for line, figures in found.lines[next(iter(found.lines))].items()}
+    lines = {
+        line - first: figures for line, figures in found.lines[next(iter(found.lines))].items()
+    }
     for forward in (2, 3, 4, 5):  # fc1, relu, fc2, the loss: each built nodes
         assert lines[forward].backward_total_ns > 0, forward
     assert found.backward_to_forward_ns >= 0.9 * found.backward_ns > 0

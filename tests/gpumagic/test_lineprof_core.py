@@ -201,7 +201,9 @@ def test_graph_replay_is_one_launch_of_the_replay_line(dev: FakeDevice) -> None:
     lines = gpu_lines(result, replay)
     assert (lines[2].total_ns, lines[2].launches) == (3_000_000, 1)
     assert (result.kernels.graph_replays, result.kernels.graph_ns) == (1, 3_000_000)
-    assert "1 CUDA-graph replay (3 ms): each charged to the line that replayed it" in render_text(result)
+    assert "1 CUDA-graph replay (3 ms): each charged to the line that replayed it" in render_text(
+        result
+    )
 
 
 def test_gpu_work_outside_the_profiled_lines_is_counted_apart(dev: FakeDevice) -> None:

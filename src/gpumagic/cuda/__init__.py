@@ -89,6 +89,15 @@ from gpumagic.cuda.discovery import (
     visible_devices,
 )
 from gpumagic.cuda.flags import torch_default_cache_dir, torch_flags
+from gpumagic.cuda.kernel_trace import (
+    DeviceWork,
+    HostOp,
+    KernelRecorder,
+    KernelTrace,
+    RuntimeCall,
+    profiler_running,
+    start_kernel_trace,
+)
 from gpumagic.cuda.objects import (
     TensorFacts,
     graph_owners,
@@ -98,15 +107,6 @@ from gpumagic.cuda.objects import (
     tensor_facts,
     tensors_among,
     torch_device,
-)
-from gpumagic.cuda.kernel_trace import (
-    DeviceWork,
-    HostOp,
-    KernelRecorder,
-    KernelTrace,
-    RuntimeCall,
-    profiler_running,
-    start_kernel_trace,
 )
 from gpumagic.cuda.op_counts import OpCounts, count_ops
 from gpumagic.cuda.process_group import (

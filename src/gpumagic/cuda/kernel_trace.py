@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpumagic.cuda.discovery import torch_module
 
@@ -163,7 +163,7 @@ class KernelRecorder:
         from torch.autograd.profiler import profile
 
         self._torch = torch
-        self._profile = profile(
+        self._profile: Any = cast("Any", profile)(  # its __enter__ is untyped
             use_cpu=True,
             use_device="cuda" if cuda else None,
             use_kineto=True,
