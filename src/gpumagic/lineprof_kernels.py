@@ -83,8 +83,11 @@ class KernelLines:
         events = self.events.get(thread)
         if events is None:
             events = self.events[thread] = []
-            self.os_threads[threading.get_native_id()] = thread
-            self.os_threads[thread] = thread
+            # CUPTI's thread id of a runtime call: the OS's, or pthread's (maybe cut to
+            # 32 bits, signed or not), depending on the versions.
+            low = thread & 0xFFFFFFFF
+            for alias in (threading.get_native_id(), thread, low, low - (low >> 31 << 32)):
+                self.os_threads[alias] = thread
             with contextlib.suppress(Exception):  # unmarked, its work counts apart
                 self._mark(thread)
         return events
