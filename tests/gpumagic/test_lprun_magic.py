@@ -575,7 +575,10 @@ def test_gpu_no_sync_inserts_no_synchronize_and_says_what_ran(
     assert dev.syncs - before == 1
     assert "--no-sync: no synchronize at line boundaries" in run.text
     assert "--gpu: 2 kernels, copies and memsets, 100 ms on the GPU; recording cost" in run.text
-    assert "not one at a line boundary" in run.text
+    assert (
+        "one synchronize after the run, so that the record is complete, and not one at "
+        "a line boundary." in run.text
+    )
     assert run.table("step")["dev.launch(0.05)"][4:6] == ("100.0", "100.0")
     # The default synchronizes at each boundary as before, --gpu or not.
     before = dev.syncs
