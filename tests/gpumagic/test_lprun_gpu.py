@@ -273,6 +273,7 @@ def test_nothing_stays_installed(gpu: InteractiveShell) -> None:
             "filters": list(warnings.filters),
             "showwarning": warnings.showwarning,
             "sync_debug": torch.cuda.get_sync_debug_mode(),
+            "profiler": torch._C._autograd._profiler_enabled(),  # --gpu's torch.profiler
         }
 
     step = gpu.user_ns["step"]
