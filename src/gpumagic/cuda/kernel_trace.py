@@ -96,7 +96,7 @@ def _kind(event: Any, device_type: Any) -> str:
     name says where torch does not expose it."""
     found = getattr(event, "activity_type", None)
     if found is not None:
-        return str(found())
+        return str(found()).lower()  # some builds say "Kernel"
     name = event.name()
     if event.device_type() == device_type.CUDA:
         if name.startswith("Memcpy"):
