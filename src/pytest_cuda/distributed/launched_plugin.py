@@ -34,7 +34,7 @@ from pytest_cuda.settings import settings_of
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["ORDER", "LaunchedPlugin", "launched_run", "open_launched"]
+__all__ = ["ORDER", "LaunchedPlugin", "check_launched", "launched_run", "open_launched"]
 
 NAME = "cuda.launched"
 #: Rank 0's order that made another rank run a test, stashed on the test.
@@ -47,9 +47,9 @@ def launched_run(config: pytest.Config) -> LaunchedRun | None:
     return config.stash.get(_RUN, None)
 
 
-def open_launched(config: pytest.Config) -> None:
-    """Under ``--cuda-ranks=env``: join the launched run and register its hooks. A
-    process without a launcher's rank, or with pytest-xdist, is a usage error."""
+def check_launched(config: pytest.Config) -> None:
+    """Before configure: a process without a launcher's rank, or with pytest-xdist, is a
+    usage error; a rank but rank 0 writes no JUnit XML (rank 0 writes the one file)."""
     if getattr(config.option, "dist", "no") != "no":
         raise pytest.UsageError(
             "--cuda-ranks=env runs one pytest process per rank, which the launcher "
@@ -59,8 +59,15 @@ def open_launched(config: pytest.Config) -> None:
         world = launched_world(os.environ)
     except LaunchError as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.stash[LAUNCHED_WORLD] = world
     if world.rank != 0:
-        config.option.xmlpath = None  # rank 0 writes the one JUnit XML
+        config.option.xmlpath = None
+
+
+def open_launched(config: pytest.Config) -> None:
+    """At configure's end (pytest's terminal reporter exists): join the launched run,
+    register its hooks, quiet the terminal of a rank but rank 0."""
+    world = config.stash[LAUNCHED_WORLD]
     try:
         run = LaunchedRun.open(world)
     except (cuda.StoreGone, RuntimeError) as exc:
@@ -68,9 +75,10 @@ def open_launched(config: pytest.Config) -> None:
             f"--cuda-ranks=env: {world.describe()} could not reach the run's store at "
             f"{world.master_addr}:{world.master_port}: {exc}"
         ) from None
-    config.stash[LAUNCHED_WORLD] = world
     config.stash[_RUN] = run
-    config.pluginmanager.register(LaunchedPlugin(run, settings_of(config).rank_logs), NAME)
+    plugin = LaunchedPlugin(run, settings_of(config).rank_logs)
+    config.pluginmanager.register(plugin, NAME)
+    plugin.quiet(config)
 
 
 class LaunchedPlugin:
@@ -82,10 +90,11 @@ class LaunchedPlugin:
         self._log: IO[str] | None = None
         self._setup: pytest.TestReport | None = None
 
-    def pytest_configure(self, config: pytest.Config) -> None:
+    def quiet(self, config: pytest.Config) -> None:
+        """Another rank is quiet on the terminal: its terminal report goes to its log,
+        or nowhere. Called once pytest's reporter exists, before it writes."""
         if self.run.first:
             return
-        # Quiet on the terminal: this rank's report goes to its log, or nowhere.
         if self.logs:
             Path(self.logs).mkdir(parents=True, exist_ok=True)
             path = Path(self.logs) / f"rank{self.run.world.rank}.log"

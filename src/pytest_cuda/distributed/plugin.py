@@ -102,8 +102,16 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if settings_of(config).ranks == "env":  # before the other plugins configure
+        from pytest_cuda.distributed.launched_plugin import check_launched
+
+        check_launched(config)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    if settings_of(config).ranks == "env":
+    if settings_of(config).ranks == "env":  # after the terminal reporter's
         from pytest_cuda.distributed.launched_plugin import open_launched
 
         open_launched(config)
