@@ -50,7 +50,12 @@ def launched_run(config: pytest.Config) -> LaunchedRun | None:
 def check_launched(config: pytest.Config) -> None:
     """Before configure: a process without a launcher's rank, or with pytest-xdist, is a
     usage error; a rank but rank 0 writes no JUnit XML (rank 0 writes the one file)."""
-    if getattr(config.option, "dist", "no") != "no":
+    option = config.option
+    if (
+        getattr(option, "dist", "no") != "no"
+        or getattr(option, "numprocesses", None)
+        or getattr(option, "tx", None)
+    ):
         raise pytest.UsageError(
             "--cuda-ranks=env runs one pytest process per rank, which the launcher "
             "starts; it does not go with pytest-xdist's -n/--dist: drop one of the two"
