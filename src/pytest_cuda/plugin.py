@@ -136,6 +136,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
     settings = settings_of(config)  # built and checked now, if no mode has yet
+    if hasattr(config, "workerinput"):  # an xdist worker on another host pins itself
+        from pytest_cuda.xdist_pinning import pin_here
+
+        pin_here(config)
     if settings.resume_dir:  # a child of another session, whichever modes are on
         from pytest_cuda.child import run_as_child
 

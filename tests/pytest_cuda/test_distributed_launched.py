@@ -117,8 +117,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_pair(folder: Path, *args: str, mark: str) -> list[subprocess.Popen[str]]:
-    """Two torchrun "nodes" running ``pytest --cuda-ranks=env ARGS`` in ``folder``."""
+def _start_pair(
+    folder: Path, *args: str, mark: str, visible: tuple[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
+    """Two torchrun "nodes" running ``pytest --cuda-ranks=env ARGS`` in ``folder``;
+    ``visible``: each node's ``CUDA_VISIBLE_DEVICES``."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["I40_RUN_MARK"] = mark  # every process of the run inherits it
@@ -134,7 +137,7 @@ def _start_pair(folder: Path, *args: str, mark: str) -> list[subprocess.Popen[st
         subprocess.Popen(
             [*command, f"--node-rank={node}", *pytest_args],
             cwd=folder,
-            env=env,
+            env=env if visible is None else {**env, "CUDA_VISIBLE_DEVICES": visible[node]},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

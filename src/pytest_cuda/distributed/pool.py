@@ -80,7 +80,9 @@ class RankPool:
         self.generation = 0
         self.group_alive = False
         self.group_timeout = 0.0
+        #: The jobs sent to its ranks (tests and warm-ups), and the tests among them.
         self.jobs = 0
+        self.tests = 0
         #: How many times its processes were started.
         self.starts = 0
         self._store: Any = None
@@ -138,6 +140,7 @@ class RankPool:
     def _job(self, job: RankJob, cwd: Path, *, warmup: bool) -> Ran:
         """Send one job (a test, or a warm-up) to the ranks and watch it to its end."""
         self.jobs += 1
+        self.tests += not warmup
         folder = self.folder / f"job{self.jobs}"
         folder.mkdir(mode=0o700)
         try:
@@ -169,8 +172,8 @@ class RankPool:
         return range(self.key[0])
 
     def job_id(self, *, warmup: bool) -> str:
-        """The job's number among its ranks' jobs."""
-        return str(self.jobs)
+        """The job's name among its ranks' jobs: the test's number, or a warm-up's."""
+        return f"warmup{self.jobs}" if warmup else str(self.tests)
 
     def place(self) -> StorePlace:
         """Where the ranks' store is: this process's."""
