@@ -47,9 +47,14 @@ class WorkerPin(NamedTuple):
     visible_devices: str
     devices: tuple[int, ...]
     per_worker: int
+    #: Why a worker on another host could not pin itself ("": it did).
+    problem: str = ""
 
     def drift(self) -> str | None:
-        """Why this worker may no longer be on its devices, ``None`` while it is."""
+        """Why this worker may no longer be on its devices (or never was), ``None``
+        while it is."""
+        if self.problem:
+            return self.problem
         now = os.environ.get(ENV)
         if now == self.visible_devices:
             return None
@@ -71,8 +76,9 @@ class WorkerPin(NamedTuple):
 def remote_host(spec: XSpec) -> str:
     """The host of a worker that is not a local (``popen``) one: ``ssh=host-b``."""
     for kind in ("ssh", "socket", "vagrant_ssh"):
-        if getattr(spec, kind, None):
-            return f"{kind}={getattr(spec, kind)}"
+        value = getattr(spec, kind, None)
+        if value:  # ssh's options before the host left out: ssh=user@host-b
+            return f"{kind}={str(value).split()[-1]}"
     return str(spec)
 
 
@@ -96,19 +102,24 @@ def pin_here(config: pytest.Config) -> None:
     )
     from pytest_cuda.settings import settings_of
 
+    # A worker that cannot pin itself fails its CUDA tests with the reason (raised here,
+    # the error would end the worker, and xdist would start it again and again).
     where = f"xdist worker {data['worker']} on {socket.gethostname()} ({data['host']})"
+    data.update(visible_devices="", devices=[])
     if cuda.is_initialized():
-        raise pytest.UsageError(
+        data["problem"] = (
             f"{where}: CUDA was initialised before the worker could pin itself (a conftest "
             "or plugin used CUDA at import); move that into a fixture"
         )
+        return
     status = cuda.status()
     request = settings_of(config).device_request
     try:
         devices = select_devices(request, status) if request else status.devices
         groups = group_devices(devices, int(data["per_worker"])) if devices else ()
     except SelectionError as exc:
-        raise pytest.UsageError(f"{where}: {exc}") from None
+        data["problem"] = f"{where}: {exc}"
+        return
     group = groups[int(data["slot"]) % len(groups)] if groups else ()
     value = visible_devices_value(group, status.visible_devices_env) if group else ""
     if group:
@@ -129,13 +140,14 @@ def worker_pin(config: pytest.Config) -> WorkerPin | None:
     if not workerinput or WORKERINPUT_KEY not in workerinput:
         return None
     data = workerinput[WORKERINPUT_KEY]
-    if not data.get("visible_devices") and "host" in data:
+    if "host" in data and not (data.get("visible_devices") or data.get("problem")):
         return None  # a remote worker on a host without a usable device: left alone
     return WorkerPin(
         worker=str(data["worker"]),
         visible_devices=str(data["visible_devices"]),
         devices=tuple(int(i) for i in data["devices"]),
         per_worker=int(data["per_worker"]),
+        problem=str(data.get("problem", "")),
     )
 
 
