@@ -133,7 +133,14 @@ def remote_only(config: pytest.Config) -> bool:
     if not distributing(config) or getattr(config.option, "numprocesses", None):
         return False
     specs = [str(spec) for spec in getattr(config.option, "tx", None) or ()]
-    return bool(specs) and not any("popen" in spec.split("//")[0] for spec in specs)
+    return bool(specs) and not any(_local(spec) for spec in specs)
+
+
+def _local(tx: str) -> bool:
+    """Whether a ``--tx`` value (``2*popen//python=…``, ``ssh=host//…``) is local workers."""
+    times, star, rest = tx.partition("*")
+    spec = rest if star and times.isdigit() else tx
+    return any(part.partition("=")[0] == "popen" for part in spec.split("//"))
 
 
 def xdist_workers(config: pytest.Config) -> int:
