@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GOOD_ENDS",
+    "STACK_WAIT_S",
     "STARTUP_S",
     "LocalRank",
     "RankView",

@@ -103,7 +103,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    if settings_of(config).ranks == "env":  # before the other plugins configure
+    # Before the other plugins configure. Read raw: the settings are built at configure,
+    # once pytest-xdist has set --dist from -n (their xdist_controller reads it).
+    if getattr(config.option, "cuda_ranks", None) == "env":
         from pytest_cuda.distributed.launched_plugin import check_launched
 
         check_launched(config)
