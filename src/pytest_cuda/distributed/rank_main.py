@@ -15,11 +15,8 @@ of file. ``SIGUSR1`` makes it write every thread's Python stack to ``rank<N>.sta
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import faulthandler
-import importlib
-import importlib.util
 import json
 import os
 import pickle
@@ -34,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import ModuleType, TracebackType
+    from types import TracebackType
 
     from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
@@ -279,7 +276,9 @@ class _Rank:
             self.joined = True
             started_path(self.folder, rank).touch()
             return {"state": "passed"}
-        _import_test_module(job.module, job.module_file)
+        from pytest_cuda.distributed.module_import import import_test_module
+
+        import_test_module(job.module, job.module_file)
         function, kwargs = pickle.loads(job.call)
         device = cuda.rank_device(job.devices[rank] if job.devices else None)
         group = self._join(device)
@@ -414,46 +413,6 @@ def _from_test(tb: TracebackType | None, path: str) -> TracebackType | None:
     while tb is not None and tb.tb_frame.f_code.co_filename != path:
         tb = tb.tb_next
     return tb
-
-
-def _import_test_module(name: str, path: str) -> ModuleType:
-    """The test module under the name pytest gave it, so pickled references resolve."""
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
-    package = name.rpartition(".")[0]
-    if package:
-        importlib.import_module(package)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import the test module {name} from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    run = _rewritten(path) or spec.loader.exec_module
-    try:
-        run(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _rewritten(path: str) -> Callable[[ModuleType], None] | None:
-    """Running the module with pytest's assertion rewriting, where pytest offers it."""
-    try:
-        from _pytest.assertion.rewrite import rewrite_asserts
-
-        source = Path(path).read_bytes()
-        tree = ast.parse(source, filename=path)
-        rewrite_asserts(tree, source, path)
-        code = compile(tree, path, "exec", dont_inherit=True)
-    except Exception:
-        return None
-
-    def run(module: ModuleType) -> None:
-        exec(code, module.__dict__)
-
-    return run
 
 
 if __name__ == "__main__":
