@@ -344,3 +344,63 @@ def test_with_xdist_the_option_is_a_usage_error(
     result = pytester.runpytest("--cuda-ranks=env", "-n", "1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --cuda-ranks=env runs one pytest process per rank*"])
+
+
+STARTUP_CONFTEST = """
+import os
+from pathlib import Path
+
+import pytest
+
+
+def _rank_processes():
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        pids += (task / "children").read_text().split()
+    return [
+        pid
+        for pid in pids
+        if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
+"""
+
+FIRST_HANGS = """
+import time
+
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=2)
+def test_first_hangs_on_rank_1(cuda_rank):
+    if cuda_rank.rank == 1:
+        time.sleep(600)
+    dist.barrier()
+"""
+
+
+def test_the_ranks_start_in_the_first_test_s_setup(pytester: pytest.Pytester) -> None:
+    """Issue 40: the ranks' start-up is the first test's set-up, not its call, and its
+    timeout is the test's own (counted from when every rank started the body)."""
+    if not Path("/proc/self/task").exists():
+        pytest.skip("the rank processes are counted through /proc")
+    pytester.makeconftest(STARTUP_CONFTEST)
+    pytester.makepyfile(test_first=FIRST_HANGS)
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*RANKS WHEN test_first_hangs_on_rank_1 IS CALLED: 2",
+            "test_first_hangs_on_rank_1: timed out after 2 s (cuda_distributed timeout): "
+            "rank 0, rank 1 never finished",
+            "rank 0 (cpu): still running after *, the test's timeout of 2 s ran out: stopped.",
+            "*test_first.py*line 11 in test_first_hangs_on_rank_1",
+            "rank 1 (cpu): still running after *, the test's timeout of 2 s ran out: stopped.",
+            "*test_first.py*line 10 in test_first_hangs_on_rank_1",
+        ]
+    )
