@@ -4,8 +4,9 @@
 
 Reads what the check left in LOGS (``environment.txt``, the pytest phases' JUnit files
 ``pytest-*.xml``, ``notebook.rc``, ``benchmarks.rc``) and prints the device, passed /
-failed / skipped per area of the suite, every failure, the ten slowest tests and the
-total time.
+failed / skipped per area of the suite, every failure with the end of its report (the
+summary is the one file a job runner that returns few files must bring back), the ten
+slowest tests and the total time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ class Case:
     nodeid: str
     outcome: str
     seconds: float
+    #: The end of a failure's or an error's report (empty for the other outcomes).
+    detail: str = ""
+
+
+#: How many lines of each failure's report the summary keeps (its end: the assertion).
+DETAIL_LINES = 25
 
 
 def area(nodeid: str) -> str:
@@ -43,6 +50,15 @@ def _nodeid(case: ET.Element) -> str:
     return f"{path}::{'Test' + klass + '::' if klass else ''}{name}"
 
 
+def _detail(case: ET.Element) -> str:
+    for tag in ("failure", "error"):
+        found = case.find(tag)
+        if found is not None:
+            text = (found.text or found.get("message") or "").rstrip()
+            return "\n".join(text.splitlines()[-DETAIL_LINES:])
+    return ""
+
+
 def _outcome(case: ET.Element) -> str:
     for tag in ("failure", "error", "skipped"):
         if case.find(tag) is not None:
@@ -56,7 +72,7 @@ def read_cases(logs: Path) -> list[Case]:
         phase = xml.stem.removeprefix("pytest-")
         for case in ET.parse(xml).iter("testcase"):
             seconds = float(case.get("time") or 0.0)
-            cases.append(Case(phase, _nodeid(case), _outcome(case), seconds))
+            cases.append(Case(phase, _nodeid(case), _outcome(case), seconds, _detail(case)))
     return cases
 
 
@@ -104,6 +120,7 @@ def summary(logs: Path, seconds: int, status: int) -> str:
         bad = [c for c in cases if c.outcome in ("failed", "error")]
         for c in bad:
             lines.append(f"  {c.outcome.upper()} {c.nodeid}")
+            lines += [f"      {line}" for line in c.detail.splitlines()]
         lines.append("slowest 10:")
         for c in sorted(cases, key=lambda c: -c.seconds)[:10]:
             lines.append(f"  {c.seconds:7.2f} s  {c.phase:<8} {c.nodeid}")

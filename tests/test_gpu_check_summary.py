@@ -29,7 +29,8 @@ def test_counts_per_area_failures_and_slowest(pytester: pytest.Pytester) -> None
         "parallel",
         "import pytest\n"
         "def test_ok(): pass\n"
-        "def test_bad(): assert False\n"
+        "def test_bad():\n"
+        "    assert 1 + 1 == 3, 'the arithmetic is off'\n"
         "@pytest.mark.skip(reason='no')\n"
         "def test_skipped(): pass\n",
     )
@@ -49,6 +50,9 @@ def test_counts_per_area_failures_and_slowest(pytester: pytest.Pytester) -> None
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line[:1].isalpha()}
     assert rows["gpumagic"] == ["2", "1", "0", "1"]  # passed, failed, error, skipped
     assert "FAILED tests/gpumagic/test_parallel.py::test_bad" in text
+    # The failure's own report follows its line: the summary is all that may come back.
+    after = text.split("FAILED tests/gpumagic/test_parallel.py::test_bad", 1)[1]
+    assert "AssertionError: the arithmetic is off" in after.split("slowest 10:")[0]
     assert "phases: parallel 3 tests" in text
     assert "timing 1 tests" in text
     assert "slowest 10:" in text

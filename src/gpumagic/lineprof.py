@@ -79,22 +79,41 @@ class LineProfileResult:
     """One profile: line_profiler's stats (host time per line, GPU-correct when
     synchronized) plus what gpumagic measured per line, and what to tell the user."""
 
+    #: line_profiler's stats: hits and host time per line (GPU-correct when synchronized),
+    #: gpumagic's own cost removed.
     stats: LineStats
+    #: What gpumagic measured per line (GPU time, syncs, memory), by function and line.
     extras: dict[Label, dict[int, LineExtras]]
+    #: Whether the devices were synchronized at every line boundary.
     sync: bool
+    #: Whether GPU time and synchronizing calls were measured per line (``--gpu``).
     gpu: bool
+    #: Whether the allocator was read per line (``--memory``).
     memory: bool
+    #: Whether the profiled code used CUDA.
     cuda_used: bool
+    #: The devices it used.
     devices: tuple[int, ...]
+    #: How many synchronizations the line boundaries made.
     syncs: int
+    #: Line boundaries inside a CUDA graph capture, where nothing could be synchronized or
+    #: recorded.
     capture_skips: int
+    #: What an idle synchronize costs, in ns (measured; not charged to the lines).
     sync_floor_ns: int
+    #: Line hits with no GPU time (inside a graph capture, or after an error).
     gpu_unmeasured: int
+    #: The CUDA error after which gpumagic stopped its own CUDA work, if any.
     failure: str | None
+    #: How lines were seen: ``"sys.monitoring"``, ``"sys.settrace"`` or ``"none"``.
     hook: str
+    #: Wall time of the profiled statement, in seconds.
     wall_s: float
+    #: For a statement over several lines: each line's first line, by function.
     statements: dict[Label, dict[int, int]]
+    #: What the table should say about the targets and the run, one sentence each.
     notes: list[str] = field(default_factory=list)
+    #: A message to show above the table (why nothing was profiled, for instance).
     message: str | None = None
 
     @property
@@ -122,9 +141,14 @@ class GpuLineProfiler(LineProfiler):
     def __init__(
         self, *functions: Any, sync: bool = True, gpu: bool = False, memory: bool = False
     ) -> None:
+        #: Whether the devices in use are synchronized after every profiled line.
         self.sync = sync
+        #: Whether each line gets CUDA events and a count of its synchronizing calls.
         self.gpu = gpu
+        #: Whether the allocator is read at every line boundary.
         self.memory = memory
+        #: What the table should say about the targets (a torch.compile'd callable that
+        #: cannot be line-profiled, an ``nn.Module`` profiled through its ``forward``).
         self.notes: list[str] = []
         self._record = Record()
         self._original_codes: list[tuple[Any, CodeType]] = []

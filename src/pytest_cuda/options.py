@@ -25,6 +25,7 @@ __all__ = [
     "LEAK_MODE",
     "MARKER_LINES",
     "MODE_OPTIONS",
+    "OOM_ACTIONS",
     "POISON_ACTIONS",
     "SYNC_MODE",
     "SYNC_MODES",
@@ -34,6 +35,7 @@ __all__ = [
 ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 SYNC_MODES = ("launch-blocking", "per-op")
 POISON_ACTIONS = ("continue", "stop", "skip")
+OOM_ACTIONS = ("fail", "skip")
 
 #: The plugin names of the opt-in modes, fixed: ``-p no:<name>`` switches one off
 #: (:data:`pytest_cuda.plugin.MODE_PLUGINS` registers each module under its name).
@@ -52,6 +54,9 @@ MODE_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("cuda_leak_reset_caches", "--cuda-leak-reset-caches"),
         ("cuda_leak_reruns", "--cuda-leak-reruns"),
         ("cuda_memory_report", "--cuda-memory-report"),
+        ("cuda_limit_memory", "--cuda-limit-memory"),
+        ("cuda_oom", "--cuda-oom"),
+        ("cuda_memory_snapshot", "--cuda-memory-snapshot"),
     ),
     SYNC_MODE: (
         ("cuda_sync", "--cuda-sync"),
@@ -82,6 +87,14 @@ CUDA_LEAK_CHECK_MARKER_DOC = (
     "skips the check (also under --cuda-leak-check)."
 )
 
+CUDA_LIMIT_MEMORY_MARKER_DOC = (
+    'cuda_limit_memory(size): fail the test when its peak CUDA memory (bytes or "512MiB", '
+    "this process's caching allocator, per device, what it held before the test "
+    "included) goes over size; the failure shows the peak, the limit and the largest "
+    "blocks alive at the peak with the lines that allocated them. Overrides "
+    "--cuda-limit-memory and the cuda_limit_memory ini value for the test."
+)
+
 CUDA_SYNC_MARKER_DOC = (
     "cuda_sync: synchronize after every torch operation of this test (as "
     "--cuda-sync=per-op does for every test), so an asynchronous CUDA error is raised "
@@ -97,8 +110,9 @@ CUDA_NO_SYNC_MARKER_DOC = (
 )
 
 CUDA_DISTRIBUTED_MARKER_DOC = (
-    'cuda_distributed(world_size=2, backend="nccl", timeout=60): run the test function '
-    "in world_size rank processes with the default torch.distributed process group "
+    'cuda_distributed(world_size=2, backend="nccl", timeout=60, fresh_group=False, '
+    "isolate=False): run the test function in world_size rank processes with the "
+    "default torch.distributed process group "
     "initialised; the ranks are kept warm and reused by the next test of the same "
     "world_size, backend and devices (fresh_group=True: a process group of its own; "
     "isolate=True: fresh processes of its own). On a GPU backend each rank gets its own "
@@ -114,6 +128,7 @@ CUDA_DISTRIBUTED_MARKER_DOC = (
 MARKER_LINES = (
     CUDA_MARKER_DOC,
     CUDA_LEAK_CHECK_MARKER_DOC,
+    CUDA_LIMIT_MEMORY_MARKER_DOC,
     CUDA_SYNC_MARKER_DOC,
     CUDA_NO_SYNC_MARKER_DOC,
     CUDA_DISTRIBUTED_MARKER_DOC,
@@ -137,6 +152,18 @@ def _test_count(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"takes a number of tests, 0 or more; got {text!r}")
+    return value
+
+
+def _memory_size(text: str) -> int:
+    from gpumagic.units import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a size above 0 bytes; got {text!r}")
     return value
 
 
@@ -276,6 +303,48 @@ def add_options(parser: Parser) -> None:
         metavar="N",
         help="after the run, list the N tests with the largest peak CUDA memory "
         "(resets the allocator's peak counters at the start of each test).",
+    )
+    group.addoption(
+        "--cuda-limit-memory",
+        dest="cuda_limit_memory",
+        type=_memory_size,
+        default=None,
+        metavar="SIZE",
+        help="fail every test whose peak CUDA memory on any of its devices goes over SIZE "
+        "(bytes or a size such as 8GiB; this process's caching allocator, what it held "
+        "before the test included; per rank in cuda_distributed tests). The failure shows "
+        "the peak and the largest blocks alive at it with their allocating lines "
+        "(allocation stacks are recorded). A cuda_limit_memory(size) marker overrides it "
+        "per test. Also ini cuda_limit_memory.",
+    )
+    parser.addini(
+        "cuda_limit_memory",
+        type="string",
+        default="",
+        help="default for --cuda-limit-memory (a size such as 8GiB; empty: no limit).",
+    )
+    group.addoption(
+        "--cuda-oom",
+        dest="cuda_oom",
+        choices=OOM_ACTIONS,
+        default=None,
+        help="what a test that runs out of CUDA memory (torch.OutOfMemoryError or a CUDA "
+        "allocation error) becomes. fail (default): a failure whose report adds what was "
+        "alive then (the largest blocks with their holders and lines), what other "
+        "processes held and the memory torch's allocator kept reserved but free; skip: a "
+        "skip that says so, for suites run on smaller GPUs. Either way the failure's "
+        "frames are cleared once it is reported, so the next test starts with the memory "
+        "back.",
+    )
+    group.addoption(
+        "--cuda-memory-snapshot",
+        dest="cuda_memory_snapshot",
+        metavar="DIR",
+        default=None,
+        help="write torch's memory snapshot (the pickle memory_viz opens, "
+        "https://pytorch.org/memory_viz) of each test that leaked, went over its memory "
+        "limit or ran out of memory to DIR, each live block's holder added to its stack, "
+        "with a JSON file beside it for tools.",
     )
     group.addoption(
         "--cuda-sync",

@@ -165,6 +165,9 @@ GIVEN = {
     "cuda_leak_reset_caches": "--cuda-leak-reset-caches",
     "cuda_leak_reruns": "--cuda-leak-reruns=1",
     "cuda_memory_report": "--cuda-memory-report=3",
+    "cuda_limit_memory": "--cuda-limit-memory=1024",
+    "cuda_oom": "--cuda-oom=skip",
+    "cuda_memory_snapshot": "--cuda-memory-snapshot=snaps",
     "cuda_sync": "--cuda-sync=per-op",
     "cuda_on_poison": "--cuda-on-poison=stop",
     "cuda_rerun_blocking": "--cuda-rerun-blocking",
@@ -185,6 +188,7 @@ def test_an_option_of_a_switched_off_mode_is_a_usage_error(
     result = pytester.runpytest(given, "-p", f"no:{mode}")
     _refused(result, f"{given} needs {mode}, which -p no:{mode} switched off: drop one of the two")
     assert not (pytester.path / "leaks.json").exists()
+    assert not (pytester.path / "snaps").exists()
 
 
 def test_launch_blocking_with_the_sync_mode_switched_off_is_refused_too(

@@ -1,8 +1,8 @@
 """The job of a ``cuda_distributed`` test's ranks, as every rank reads it.
 
 :class:`RankJob` is what the test is (its module, its pickled call, its marker, its
-devices, its leak check); :class:`JobRun` is one run of it by a set of rank processes
-(the store's port, the process group's generation and timeout, warm or fresh ranks).
+devices, its leak check and memory limit); :class:`JobRun` is one run of it by a set of
+rank processes (the store's port, the process group's generation and timeout, warm or fresh ranks).
 The launcher (:mod:`pytest_cuda.distributed.launch`) writes a :class:`JobRun` to the
 job's folder, a private temporary directory; each rank
 (:mod:`pytest_cuda.distributed.rank_main`) reads it back with :func:`read_job`. The
@@ -54,6 +54,9 @@ class RankJob:
     #: How the pytest process checks the test for leaks, for each rank to check itself
     #: the same way (``None``: the leak check does not apply to it).
     leak: LeakSettings | None
+    #: The test's CUDA memory limit, ``(bytes, where it comes from)``: each rank's peak
+    #: on its own device is held to it (``None``: no limit).
+    limit: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)

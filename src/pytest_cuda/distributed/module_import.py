@@ -1,6 +1,8 @@
-"""The test module of a ``cuda_distributed`` test, imported in a rank process as pytest
-imported it: under the same name (so the pickled test function resolves), with pytest's
-assertion rewriting where pytest offers it (so a failed ``assert`` explains itself)."""
+"""The test's module, imported in a rank process as pytest imported it: under the name
+pytest gave it (so the pickled test function and fixture values resolve), with
+pytest's assertion rewriting where pytest offers it (a failed ``assert`` explains
+itself as it does in pytest). Used by :mod:`pytest_cuda.distributed.rank_main`.
+"""
 
 from __future__ import annotations
 

@@ -17,10 +17,11 @@ the function takes are pickled and sent to every rank; ``cuda_rank`` is each ran
 The test fails if any rank fails: the report names the rank, its traceback and the
 state of the others, with each rank's output as a report section. A test still running
 after ``timeout`` seconds is stopped with every rank's Python stack in the report. The
-leak check (``--cuda-leak-check``, the ``cuda_leak_check`` marker) and the post-test
-CUDA health check run inside each rank. Loaded with :mod:`pytest_cuda.plugin` (its
-``MODE_PLUGINS``); the device requirement (one device per rank on a GPU backend) is
-checked there with every other ``cuda`` requirement.
+leak check (``--cuda-leak-check``, the ``cuda_leak_check`` marker), the memory limit
+(``--cuda-limit-memory``, the ``cuda_limit_memory`` marker: each rank's peak on its own
+device) and the post-test CUDA health check run inside each rank. Loaded with
+:mod:`pytest_cuda.plugin` (its ``MODE_PLUGINS``); the device requirement (one device
+per rank on a GPU backend) is checked there with every other ``cuda`` requirement.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from pytest_cuda.distributed.ranks import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
-from pytest_cuda.leaks.plugin import CHECKER_NAME
+from pytest_cuda.leaks.plugin import CHECKER_NAME, LIMITER_NAME
 from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
@@ -206,6 +207,7 @@ def _rank_job(
         spec=spec,
         devices=devices,
         leak=_rank_leak_settings(item),
+        limit=_rank_limit(item),
     )
 
 
@@ -305,6 +307,16 @@ def _rank_leak_settings(item: pytest.Item) -> LeakSettings | None:
     from pytest_cuda.leaks.checker import checked_for_leaks
 
     return checked_for_leaks(item)
+
+
+def _rank_limit(item: pytest.Item) -> tuple[int, str] | None:
+    """The memory limit planned for this test (each rank is held to it on its own
+    device), or ``None``."""
+    if item.config.pluginmanager.get_plugin(LIMITER_NAME) is None:
+        return None  # no limit in this run: leaks.limiter is not even imported
+    from pytest_cuda.leaks.limiter import planned_limit
+
+    return planned_limit(item)
 
 
 def _merge_leaks(item: pytest.Item, outcomes: list[RankOutcome]) -> None:

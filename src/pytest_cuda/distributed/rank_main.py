@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
     from pytest_cuda.leaks.engine import LeakCheck
+    from pytest_cuda.leaks.limit_watch import LimitWatch
 
 __all__ = [
     "body_path",
@@ -177,14 +178,16 @@ class _Rank:
         self.joined = False
         self.before: RankState | None = None
         self.leak_check: LeakCheck | None = None
+        self.limit: LimitWatch | None = None
         self.warnings: list[warnings.WarningMessage] = []
 
     def run(self) -> dict[str, Any]:
         try:
             return self._run()
         finally:
-            if self.leak_check is not None:  # not judged: the test failed
-                self.leak_check.close()
+            for check in (self.leak_check, self.limit):  # not judged: the test failed
+                if check is not None:
+                    check.close()
 
     def _run(self) -> dict[str, Any]:
         result = self._guarded(self._body)
@@ -290,16 +293,23 @@ class _Rank:
             from pytest_cuda.distributed.leftovers import capture
 
             self.before = capture()
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        outermost = (code.co_filename, code.co_name) if code is not None else None
+        if job.limit is not None:  # before the leak check's recording: it keeps the events'
+            from pytest_cuda.leaks.limit_watch import LimitWatch
+
+            devices = (job.devices[rank],) if job.devices else None
+            self.limit = LimitWatch.recorded(*job.limit, outermost=outermost, devices=devices)
         if job.leak is not None:
             from pytest_cuda.leaks.engine import LeakCheck
 
             # The same check as the pytest process's, stacks recorded: its stacks are
             # cut at the test function.
-            code = getattr(getattr(function, "__func__", function), "__code__", None)
-            outermost = (code.co_filename, code.co_name) if code is not None else None
             self.leak_check = LeakCheck.alone(job.leak, outermost=outermost)
             self.leak_check.begin()
         started_path(self.folder, rank).touch()
+        if self.limit is not None:
+            self.limit.begin()
         function(**kwargs)
         del function, kwargs
         # The health check first: an asynchronous error would surface in the leak
@@ -313,6 +323,10 @@ class _Rank:
                 f"{error.message.strip().splitlines()[0]}",
                 "traceback": error.message,
             }
+        root = job.leak.root if job.leak is not None else os.getcwd()
+        over = self.limit.failure(f"{job.name} on rank {rank}", root) if self.limit else None
+        if over is not None:
+            return {"state": "failed", "message": over[0], "traceback": over[1]}
         return {"state": "passed"}
 
     def _leftovers(self, *, groups: bool) -> list[str]:

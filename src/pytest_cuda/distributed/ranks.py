@@ -61,8 +61,12 @@ class DistributedSpec:
     """``cuda_distributed(world_size=2, backend="nccl", timeout=60, fresh_group=False,
     isolate=False)``; ``backend`` in lower case, as torch compares it."""
 
+    #: How many rank processes run the test.
     world_size: int = 2
+    #: The process group's backend (``"nccl"``, ``"gloo"``...).
     backend: str = "nccl"
+    #: Seconds the test may take on its ranks before they are stopped and their stacks
+    #: shown.
     timeout: float = 60.0
     #: Build the process group for this test and destroy it after (warm ranks).
     fresh_group: bool = False
@@ -133,10 +137,15 @@ class RankInfo:
     the test and destroyed after it.
     """
 
+    #: This rank's index, 0 to ``world_size - 1``.
     rank: int
+    #: How many ranks run the test.
     world_size: int
+    #: The rank's ``torch.device``.
     device: Any
+    #: The process group's backend.
     backend: str
+    #: The default process group of ``torch.distributed``, set up before the test.
     group: Any = None
 
     @property
@@ -149,17 +158,30 @@ class RankInfo:
 class RankOutcome:
     """How one rank ended, read back by the launcher."""
 
+    #: The rank's index.
     rank: int
+    #: Its device (``"cuda:1"``, ``"cpu"``).
     device: str
+    #: ``passed``, ``failed``, ``skipped``, ``xfailed``, ``stopped`` (by the timeout or
+    #: another rank's failure) or ``exited`` (the process ended on its own).
     state: State
+    #: How long its test took.
     seconds: float = 0.0
+    #: Its failure or skip message.
     message: str = ""
+    #: Its failure's traceback, as pytest shows it.
     traceback: str = ""
+    #: The line it failed at, or was at when stopped.
     where: str = ""
+    #: Its Python stack when it was stopped (a hung rank).
     stack: str = ""
+    #: What it printed.
     stdout: str = ""
+    #: What it wrote to stderr.
     stderr: str = ""
+    #: The warnings it raised: (category, message, file, line).
     warnings: list[tuple[str, str, str, int]] = field(default_factory=list)
+    #: When it ended, in seconds from the test's start.
     finished_at: float = 0.0
     #: Its test body had ended, and it was still waiting for the others when stopped.
     waiting: bool = False
@@ -176,8 +198,8 @@ class RankOutcome:
     node: int | None = None
 
     def label(self) -> str:
-        """``rank 1 (cuda:1)``; a launched run's rank with its host and node,
-        ``rank 1 on host-b (node 1, cuda:0)``."""
+        """``"rank 1 (cuda:1)"``, as reports name the rank; a launched run's rank with
+        its host and node, ``"rank 1 on host-b (node 1, cuda:0)"``."""
         if self.host:
             return f"rank {self.rank} on {self.host} (node {self.node}, {self.device})"
         return f"rank {self.rank} ({self.device})"
