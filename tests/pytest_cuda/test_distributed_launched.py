@@ -11,7 +11,6 @@ The launcher's environment itself (torchrun, srun, mpirun) is read by plain call
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -65,16 +64,16 @@ def reduce(rank):
     return t.item()
 
 
-@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
-def test_1_fails_on_node_1(cuda_rank):
-    assert cuda_rank.rank == 0, "planted on rank 1"
-
-
 @pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=2)
-def test_2_hangs_on_node_1(cuda_rank):
+def test_1_hangs_on_node_1(cuda_rank):
     if cuda_rank.rank == 1:
         time.sleep(3600)  # planted hang
     reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
+def test_2_fails_on_node_1(cuda_rank):
+    assert cuda_rank.rank == 0, "planted on rank 1"
 
 
 @pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
@@ -91,6 +90,26 @@ def test_5_plain():
     pass
 """
 
+# Counts this pytest process's rank processes when a test's call starts: the ranks'
+# start-up belongs to the first test's set-up (issue 40).
+STARTUP_CONFTEST = """
+from pathlib import Path
+
+import pytest
+
+
+def _rank_processes():
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        pids += (task / "children").read_text().split()
+    return [pid for pid in pids if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
+"""
+
 OTHER = """
 import os
 
@@ -99,7 +118,7 @@ def test_everywhere():
     pass
 
 
-if os.environ["RANK"] == "1":
+if os.environ["SLURM_PROCID"] == "1":
 
     def test_only_on_rank_1():
         pass
@@ -146,6 +165,32 @@ def _start_pair(
     ]
 
 
+def _start_as_srun(folder: Path, *args: str, mark: str) -> list[subprocess.Popen[str]]:
+    """Two pytest processes with the variables ``srun`` gives its tasks (no agent: rank
+    0's pytest process serves the store at ``MASTER_ADDR:MASTER_PORT``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env |= {
+        "I40_RUN_MARK": mark,
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_LOCALID": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--cuda-ranks=env"]
+    return [
+        subprocess.Popen(
+            [*command, *args],
+            cwd=folder,
+            env={**env, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+
+
 def _finish(procs: list[subprocess.Popen[str]]) -> list[Node]:
     nodes = []
     for proc in procs:
@@ -176,22 +221,27 @@ def _left_running(mark: str) -> list[str]:
 
 @pytest.fixture
 def runs(tmp_path: Path) -> dict[str, list[Node]]:
-    """The three launched runs, started together: all passing, failing and hanging on
-    node 1, and node 1 collecting another test."""
-    if not TORCHRUN.exists() or shutil.which("torchrun", path=str(TORCHRUN.parent)) is None:
+    """Three launched runs, started together: all passing and a hang and a failure on
+    node 1 (two torchrun "nodes" each), and node 1 collecting another test (two
+    pytest processes with ``srun``'s variables: rank 0 serves the store)."""
+    if not TORCHRUN.exists():
         pytest.skip(f"torchrun is not installed next to {sys.executable}")
-    if not Path("/proc/self/environ").exists():
-        pytest.skip("the check for leftover processes reads /proc")
-    files = {"good": GOOD, "bad": BAD, "other": OTHER}
+    if not Path("/proc/self/task").exists():
+        pytest.skip("the processes of a run are found through /proc")
     started = {}
     marks = {}
-    for name, text in files.items():
+    for name, text in {"good": GOOD, "bad": BAD, "other": OTHER}.items():
         folder = tmp_path / name
         folder.mkdir()
         (folder / f"test_{name}.py").write_text(text)
         marks[name] = uuid.uuid4().hex
-        logs = ["--cuda-rank-logs=logs"] if name != "other" else []
-        started[name] = _start_pair(folder, *logs, mark=marks[name])
+        if name == "good":
+            started[name] = _start_pair(folder, "--cuda-rank-logs=logs", mark=marks[name])
+        elif name == "bad":
+            (folder / "conftest.py").write_text(STARTUP_CONFTEST)
+            started[name] = _start_pair(folder, "-s", mark=marks[name])
+        else:
+            started[name] = _start_as_srun(folder, mark=marks[name])
     found = {name: _finish(procs) for name, procs in started.items()}
     for name, mark in marks.items():
         assert _left_running(mark) == [], name
@@ -199,8 +249,8 @@ def runs(tmp_path: Path) -> dict[str, list[Node]]:
 
 
 def test_two_torchrun_nodes(runs: dict[str, list[Node]], tmp_path: Path) -> None:
-    """One test, three launched runs started together (each pair of torchrun
-    processes costs its start-up: Python, torch, the rendezvous)."""
+    """One test, three launched runs started together (each pair of processes costs
+    its start-up: Python, torch, the rendezvous)."""
     # All pass: 13 outcomes, reported once, by rank 0; node 1 quiet; both exit 0.
     node0, node1 = runs["good"]
     assert "13 passed" in node0.output, node0.output
@@ -211,33 +261,30 @@ def test_two_torchrun_nodes(runs: dict[str, list[Node]], tmp_path: Path) -> None
     assert "this is rank 1 of 2" in log
     assert "10 passed" in log, log
 
-    # A failure and a hang on node 1, then a test that passes on new ranks.
+    # A hang, then a failure, on node 1; the test after them passes on new ranks.
     node0, node1 = runs["bad"]
     out = node0.output
     host = socket.gethostname()
+    # The ranks started in the first test's set-up: its call found its rank running.
+    assert "RANKS WHEN test_1_hangs_on_node_1 IS CALLED: 1" in out, out
     assert (
-        f"test_1_fails_on_node_1: rank 1 of 2 on {host} (node 1) failed: "
-        "AssertionError: planted on rank 1 at test_bad.py:" in out
-    ), out
-    assert (
-        f"test_2_hangs_on_node_1: timed out after 2 s (cuda_distributed timeout): "
+        f"test_1_hangs_on_node_1: timed out after 2 s (cuda_distributed timeout): "
         f"rank 0 on {host} (node 0), rank 1 on {host} (node 1) never finished" in out
     ), out
     assert f"rank 1 on {host} (node 1, cpu): still running after" in out, out
-    assert 'test_bad.py", line 23 in test_2_hangs_on_node_1' in out, out  # its stack
-    assert "time.sleep(3600)" not in node1.output  # node 1 reports nothing itself
+    assert 'test_bad.py", line 18 in test_1_hangs_on_node_1' in out, out  # node 1's stack
     assert (
-        "SKIPPED [1] test_bad.py:31: cuda_distributed(world_size=3) needs 3 ranks; "
-        "torchrun started 2 (--cuda-ranks=env)"
-        in out
-        or "1 skipped" in out
+        f"test_2_fails_on_node_1: rank 1 of 2 on {host} (node 1) failed: "
+        "AssertionError: planted on rank 1 at test_bad.py:" in out
     ), out
+    assert "time.sleep(3600)" not in node1.output  # node 1 reports nothing itself
     assert "2 failed, 2 passed, 1 skipped" in out, out
     assert node0.returncode == 1, out
     assert node1.returncode != 0, node1.output
 
     # Node 1 collected another test: one clear error, on every node.
     node0, node1 = runs["other"]
+    assert "cuda ranks: 2 started by srun; this is rank 0 of 2" in node0.output
     assert f"rank 1 on {host} (node 1) collected other tests than rank 0 on {host} (node 0)" in (
         node0.output
     ), node0.output
@@ -344,63 +391,3 @@ def test_with_xdist_the_option_is_a_usage_error(
     result = pytester.runpytest("--cuda-ranks=env", "-n", "1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --cuda-ranks=env runs one pytest process per rank*"])
-
-
-STARTUP_CONFTEST = """
-import os
-from pathlib import Path
-
-import pytest
-
-
-def _rank_processes():
-    pids = []
-    for task in Path("/proc/self/task").iterdir():
-        pids += (task / "children").read_text().split()
-    return [
-        pid
-        for pid in pids
-        if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
-    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
-"""
-
-FIRST_HANGS = """
-import time
-
-import pytest
-import torch.distributed as dist
-
-
-@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=2)
-def test_first_hangs_on_rank_1(cuda_rank):
-    if cuda_rank.rank == 1:
-        time.sleep(600)
-    dist.barrier()
-"""
-
-
-def test_the_ranks_start_in_the_first_test_s_setup(pytester: pytest.Pytester) -> None:
-    """Issue 40: the ranks' start-up is the first test's set-up, not its call, and its
-    timeout is the test's own (counted from when every rank started the body)."""
-    if not Path("/proc/self/task").exists():
-        pytest.skip("the rank processes are counted through /proc")
-    pytester.makeconftest(STARTUP_CONFTEST)
-    pytester.makepyfile(test_first=FIRST_HANGS)
-    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*RANKS WHEN test_first_hangs_on_rank_1 IS CALLED: 2",
-            "test_first_hangs_on_rank_1: timed out after 2 s (cuda_distributed timeout): "
-            "rank 0, rank 1 never finished",
-            "rank 0 (cpu): still running after *, the test's timeout of 2 s ran out: stopped.",
-            "*test_first.py*line 11 in test_first_hangs_on_rank_1",
-            "rank 1 (cpu): still running after *, the test's timeout of 2 s ran out: stopped.",
-            "*test_first.py*line 10 in test_first_hangs_on_rank_1",
-        ]
-    )

@@ -189,7 +189,7 @@ class LaunchedPool(RankPool):
 
     def __init__(self, key: PoolKey, folder: Path, run: LaunchedRun) -> None:
         super().__init__(key, folder)
-        self.run_ = run
+        self.launched = run
         #: The number of the job rank 0 ordered (set before each test).
         self.number = 0
         self._warmup = False
@@ -203,24 +203,24 @@ class LaunchedPool(RankPool):
         return Plan(restart=True, generation=self.generation + 1, group_timeout=timeout, join=True)
 
     def ranks(self) -> tuple[int, ...]:
-        return (self.run_.world.rank,)
+        return (self.launched.world.rank,)
 
     def job_id(self, *, warmup: bool) -> str:
-        return f"{self.run_.store.prefix}{self.number}/{'warmup' if warmup else 'test'}"
+        return f"{self.launched.store.prefix}{self.number}/{'warmup' if warmup else 'test'}"
 
     def place(self) -> StorePlace:
-        world = self.run_.world
+        world = self.launched.world
         return StorePlace(
-            host=self.run_.store.host,
-            group_prefix=f"{self.run_.store.prefix}pool-{self.key[0]}-{self.key[1]}/",
+            host=self.launched.store.host,
+            group_prefix=f"{self.launched.store.prefix}pool-{self.key[0]}-{self.key[1]}/",
             local_rank=world.local_rank,
         )
 
     def open_store(self, job: RankJob) -> int:
-        return self.run_.store.port
+        return self.launched.store.port
 
     def watch(self, folder: Path, job: RankJob) -> Ran:
-        run, key = self.run_, self.job_id(warmup=self._warmup)
+        run, key = self.launched, self.job_id(warmup=self._warmup)
         if run.first:
             judged = judge(run.store, self.procs[0], folder, job, job_key=key, world=run.world)
             run.lost += judged.lost
@@ -238,7 +238,7 @@ def prepare_launched(
     """The set-up of a ``cuda_distributed`` test in a launched run: rank 0 plans its
     ranks' start and group and orders the others to run the test too; another rank
     follows ``order``. Then the warm-up, as on one host."""
-    run = pool.run_
+    run = pool.launched
     if run.first:
         plan = pool.plan(job)
         pool.number = run.next_job()

@@ -49,7 +49,7 @@ def launched_run(config: pytest.Config) -> LaunchedRun | None:
 
 def check_launched(config: pytest.Config) -> None:
     """Before configure: a process without a launcher's rank, or with pytest-xdist, is a
-    usage error; a rank but rank 0 writes no JUnit XML (rank 0 writes the one file)."""
+    usage error; a rank but rank 0 writes no JUnit XML and no leak report."""
     option = config.option
     if (
         getattr(option, "dist", "no") != "no"
@@ -65,8 +65,9 @@ def check_launched(config: pytest.Config) -> None:
     except LaunchError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[LAUNCHED_WORLD] = world
-    if world.rank != 0:
+    if world.rank != 0:  # rank 0 writes the one JUnit XML and the one leak report
         config.option.xmlpath = None
+        config.option.cuda_leak_report = None
 
 
 def open_launched(config: pytest.Config) -> None:
@@ -168,7 +169,7 @@ class LaunchedPlugin:
         text = self._setup.longreprtext.strip().splitlines()
         outcome: dict[str, Any] = {
             "rank": rank,
-            "device": "",
+            "device": "not started",
             "state": "failed",
             "message": f"its set-up {how} on this rank: {text[-1] if text else how}",
             "traceback": self._setup.longreprtext,

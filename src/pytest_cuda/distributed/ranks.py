@@ -193,8 +193,9 @@ class RankOutcome:
     #: Its leak check's report (:meth:`pytest_cuda.leaks.report.LeakReport.to_dict`),
     #: when the check applied and the test body ended well.
     leak: dict[str, Any] | None = None
-    #: The host and node of a launched run's rank (``--cuda-ranks=env``), else empty.
+    #: The host of a launched run's rank (``--cuda-ranks=env``), else empty.
     host: str = ""
+    #: The node (the launcher's node rank) of a launched run's rank, else ``None``.
     node: int | None = None
 
     def label(self) -> str:
