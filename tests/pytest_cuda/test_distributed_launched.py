@@ -51,6 +51,7 @@ def test_plain_c():
 """
 
 BAD = """
+import os
 import time
 
 import pytest
@@ -74,6 +75,17 @@ def test_1_hangs_on_node_1(cuda_rank):
 @pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
 def test_2_fails_on_node_1(cuda_rank):
     assert cuda_rank.rank == 0, "planted on rank 1"
+
+
+@pytest.fixture
+def dataset():
+    if os.environ["GROUP_RANK"] == "1":
+        raise RuntimeError("no dataset on node 1")
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
+def test_2b_set_up_fails_on_node_1(cuda_rank, dataset):
+    pass
 
 
 @pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=60)
@@ -272,13 +284,18 @@ def test_two_torchrun_nodes(runs: dict[str, list[Node]], tmp_path: Path) -> None
         f"rank 0 on {host} (node 0), rank 1 on {host} (node 1) never finished" in out
     ), out
     assert f"rank 1 on {host} (node 1, cpu): still running after" in out, out
-    assert 'test_bad.py", line 18 in test_1_hangs_on_node_1' in out, out  # node 1's stack
+    assert 'test_bad.py", line 19 in test_1_hangs_on_node_1' in out, out  # node 1's stack
     assert (
         f"test_2_fails_on_node_1: rank 1 of 2 on {host} (node 1) failed: "
         "AssertionError: planted on rank 1 at test_bad.py:" in out
     ), out
+    # A fixture that fails on node 1 alone: rank 0 is told, and does not wait for it.
+    assert (
+        f"test_2b_set_up_fails_on_node_1 (starting its ranks): rank 1 of 2 on {host} (node 1) "
+        "failed: its setup failed on this rank: RuntimeError: no dataset on node 1" in out
+    ), out
     assert "time.sleep(3600)" not in node1.output  # node 1 reports nothing itself
-    assert "2 failed, 2 passed, 1 skipped" in out, out
+    assert "2 failed, 2 passed, 1 skipped, 1 error" in out, out
     assert node0.returncode == 1, out
     assert node1.returncode != 0, node1.output
 

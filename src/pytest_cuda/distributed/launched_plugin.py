@@ -94,7 +94,8 @@ class LaunchedPlugin:
         self.run = run
         self.logs = logs
         self._log: IO[str] | None = None
-        self._setup: pytest.TestReport | None = None
+        #: This test's failed (or skipped) set-up and call reports, by phase.
+        self._failed: dict[str, pytest.TestReport] = {}
 
     def quiet(self, config: pytest.Config) -> None:
         """Another rank is quiet on the terminal: its terminal report goes to its log,
@@ -145,7 +146,7 @@ class LaunchedPlugin:
             while (order := self.run.receive()) is not None:
                 item = session.items[order.index]
                 item.stash[ORDER] = order
-                self._setup = None
+                self._failed.clear()
                 later = [i for i in mine if i > order.index]
                 nextitem = session.items[later[0]] if later else None
                 item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
@@ -155,28 +156,30 @@ class LaunchedPlugin:
         return True
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "setup" and not report.passed:
-            self._setup = report
+        if report.when in ("setup", "call") and not report.passed:
+            self._failed[report.when] = report
 
     def _answer_unset(self, order: Order) -> None:
-        """A test whose set-up failed or skipped here never started its rank: say so in
-        its rank's stead, for rank 0 not to wait for it."""
+        """A test whose set-up (or call) failed or skipped here before its rank ran its
+        job never sent that job's outcome: send one in its rank's stead, for rank 0 not
+        to wait for it."""
         store, rank = self.run.store, self.run.world.rank
-        key = f"outcome/{store.prefix}{order.number}/warmup/{rank}"
-        if self._setup is None or store.has(key):
-            return
-        how = "skipped" if self._setup.skipped else "failed"
-        text = self._setup.longreprtext.strip().splitlines()
-        outcome: dict[str, Any] = {
-            "rank": rank,
-            "device": "not started",
-            "state": "failed",
-            "message": f"its set-up {how} on this rank: {text[-1] if text else how}",
-            "traceback": self._setup.longreprtext,
-            "host": self.run.world.host,
-            "node": self.run.world.node,
-        }
-        store.set(key, json.dumps(outcome))
+        for when, job in (("setup", "warmup"), ("call", "test")):
+            report = self._failed.get(when)
+            key = f"outcome/{store.prefix}{order.number}/{job}/{rank}"
+            if report is None or store.has(key):
+                continue
+            how = "skipped" if report.skipped else "failed"
+            outcome: dict[str, Any] = {
+                "rank": rank,
+                "device": "not started",
+                "state": "failed",
+                "message": f"its {when} {how} on this rank: {_reason(report)}",
+                "traceback": report.longreprtext,
+                "host": self.run.world.host,
+                "node": self.run.world.node,
+            }
+            store.set(key, json.dumps(outcome))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -193,6 +196,18 @@ class LaunchedPlugin:
         session.exitstatus = found if found is not None else pytest.ExitCode.INTERNAL_ERROR
         with contextlib.suppress(cuda.StoreGone):
             self.run.bye()
+
+
+def _reason(report: pytest.TestReport) -> str:
+    """A failed or skipped report's one line: the exception, or the skip's reason."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (file, line, reason)
+        return str(longrepr[2])
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message).splitlines()[0]
+    lines = report.longreprtext.strip().splitlines()
+    return lines[-1] if lines else "no reason given"
 
 
 def _own_tests(items: Sequence[pytest.Item], rank: int) -> list[int]:
