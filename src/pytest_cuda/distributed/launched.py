@@ -226,6 +226,12 @@ class LaunchedPool(RankPool):
             local_rank=world.local_rank,
         )
 
+    def on_loopback(self) -> bool:
+        """A rehearsal on one machine (the store on a loopback address) keeps the
+        backends' sockets on loopback; ranks on several hosts use the interfaces their
+        environment names."""
+        return self.launched.world.on_loopback
+
     def open_store(self, job: RankJob) -> int:
         return self.launched.store.port
 

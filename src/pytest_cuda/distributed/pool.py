@@ -179,6 +179,10 @@ class RankPool:
         """Where the ranks' store is: this process's."""
         return StorePlace()
 
+    def on_loopback(self) -> bool:
+        """Whether every rank is on this host: their backends' sockets on loopback."""
+        return True
+
     def open_store(self, job: RankJob) -> int:
         """Serve the ranks' store from this process, on the loopback address; its port."""
         self._store, port = cuda.host_store(startup_limit(job.spec))
@@ -195,7 +199,7 @@ class RankPool:
         self.close()
         self._port = self.open_store(job)
         self.starts += 1
-        loopback = self.place().host == StorePlace().host
+        loopback = self.on_loopback()
         for rank in self.ranks():
             idle = [self.folder / f"rank{rank}.idle.{kind}" for kind in ("out", "err")]
             with idle[0].open("ab") as out, idle[1].open("ab") as err:
