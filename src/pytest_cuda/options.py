@@ -45,8 +45,7 @@ DISTRIBUTED_MODE = "pytest_cuda.distributed_plugin"
 
 #: The command-line options each mode serves, as ``(dest, flag)``. One given while its
 #: mode is switched off would do nothing: :mod:`pytest_cuda.settings` refuses it. The
-#: other options (devices, ``--cuda-require``) serve every mode; the multi-rank mode
-#: has none of its own (its marker asks for it).
+#: other options (devices, ``--cuda-require``) serve every mode.
 MODE_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
     LEAK_MODE: (
         ("cuda_leak_check", "--cuda-leak-check"),
@@ -64,7 +63,10 @@ MODE_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("cuda_on_poison", "--cuda-on-poison"),
         ("cuda_rerun_blocking", "--cuda-rerun-blocking"),
     ),
-    DISTRIBUTED_MODE: (),
+    DISTRIBUTED_MODE: (
+        ("cuda_ranks", "--cuda-ranks"),
+        ("cuda_rank_logs", "--cuda-rank-logs"),
+    ),
 }
 
 CUDA_MARKER_DOC = (
@@ -374,6 +376,25 @@ def add_options(parser: Parser) -> None:
         help="re-run each test that failed with a CUDA error once, alone, in a fresh "
         "process with CUDA_LAUNCH_BLOCKING=1, and add the line where it really failed "
         "to its report.",
+    )
+    group.addoption(
+        "--cuda-ranks",
+        dest="cuda_ranks",
+        choices=("env",),
+        default=None,
+        help="env: this pytest process is one rank of a run that torchrun, srun or mpirun "
+        "started (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or the Slurm and "
+        "Open MPI equivalents). Every rank collects the same tests; a "
+        "cuda_distributed(world_size=N) test runs on the first N ranks (each on its local "
+        "rank's device), an ordinary test on rank 0, which prints the one report.",
+    )
+    group.addoption(
+        "--cuda-rank-logs",
+        dest="cuda_rank_logs",
+        metavar="DIR",
+        default=None,
+        help="with --cuda-ranks=env, each rank but rank 0 writes its terminal output to "
+        "DIR/rank<N>.log (default: it prints nothing).",
     )
     group.addoption(
         "--cuda-internal-resume", dest="cuda_internal_resume", default=None, help=argparse.SUPPRESS

@@ -75,6 +75,11 @@ class Settings:
     on_poison: str | None
     #: ``--cuda-rerun-blocking``.
     rerun_blocking: bool
+    #: ``--cuda-ranks``: ``env`` where a launcher started this process as one rank.
+    ranks: str | None
+    #: ``--cuda-rank-logs``: where the ranks but rank 0 write their terminal output.
+    rank_logs: str | None
+
     #: ``--cuda-internal-resume``: this process is a child running a parent's tests.
     resume_dir: str | None
     #: ``--cuda-internal-rerun``: ... and re-runs one failed test with blocking launches.
@@ -149,6 +154,8 @@ def _build(config: pytest.Config) -> Settings:
         sync=option.cuda_sync,
         on_poison=option.cuda_on_poison,
         rerun_blocking=bool(option.cuda_rerun_blocking),
+        ranks=option.cuda_ranks,
+        rank_logs=option.cuda_rank_logs,
         resume_dir=option.cuda_internal_resume,
         rerun=bool(option.cuda_internal_rerun),
         debugging=bool(getattr(option, "usepdb", False) or getattr(option, "trace", False)),

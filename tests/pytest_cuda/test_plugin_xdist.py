@@ -283,9 +283,9 @@ def test_tx_that_sets_the_variable_conflicts(
             "and --cuda-devices=all would pin the workers too; use one of them",
         ),
         (
-            "ssh=gpu-host//python=python3",
-            "ERROR: --cuda-devices=all pins local workers only, and <XSpec *ssh=gpu-host*> is "
-            "not a popen worker; drop --cuda-devices=all or set CUDA_VISIBLE_DEVICES with --tx *",
+            "ssh=gpu-host//python=python3//env:CUDA_VISIBLE_DEVICES=0",
+            "ERROR: <XSpec *ssh=gpu-host*> sets CUDA_VISIBLE_DEVICES itself, and "
+            "--cuda-devices=all would pin the workers too; use one of them",
         ),
     ],
 )

@@ -171,6 +171,8 @@ GIVEN = {
     "cuda_sync": "--cuda-sync=per-op",
     "cuda_on_poison": "--cuda-on-poison=stop",
     "cuda_rerun_blocking": "--cuda-rerun-blocking",
+    "cuda_ranks": "--cuda-ranks=env",
+    "cuda_rank_logs": "--cuda-rank-logs=logs",
 }
 
 
@@ -217,8 +219,13 @@ def test_every_option_is_the_core_s_or_declared_by_one_mode(pytester: pytest.Pyt
     assert {given.split("=")[0] for given in GIVEN.values()} == set(declared)
 
 
-def test_the_multi_rank_mode_has_no_option_of_its_own(pytester: pytest.Pytester) -> None:
-    assert MODE_OPTIONS["pytest_cuda.distributed_plugin"] == ()
+def test_the_multi_rank_mode_off_leaves_the_other_modes_options(
+    pytester: pytest.Pytester,
+) -> None:
+    assert MODE_OPTIONS["pytest_cuda.distributed_plugin"] == (
+        ("cuda_ranks", "--cuda-ranks"),
+        ("cuda_rank_logs", "--cuda-rank-logs"),
+    )
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest(
         "--cuda-leak-check", "--cuda-on-poison=stop", "-p", "no:pytest_cuda.distributed_plugin"

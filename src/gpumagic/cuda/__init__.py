@@ -22,7 +22,9 @@ touched and tests can swap it in one place:
 * :mod:`~gpumagic.cuda.op_counts`: the FLOPs (torch's ``FlopCounterMode``) and bytes
   of one call, for ``%cudatime``'s roofline; torch, but no CUDA API;
 * :mod:`~gpumagic.cuda.process_group`: ``torch.distributed``'s rendezvous and process
-  group for tests run in several rank processes.
+  group for tests run in several rank processes;
+* :mod:`~gpumagic.cuda.run_store`: the launcher's store, shared by the pytest processes
+  of a run that torchrun, ``srun`` or ``mpirun`` started.
 
 Rules kept here:
 
@@ -123,6 +125,7 @@ from gpumagic.cuda.process_group import (
     unknown_backends,
     wait_for_ranks,
 )
+from gpumagic.cuda.run_store import RunStore, StoreGone, open_run_store
 from gpumagic.cuda.runtime import (
     DevicePeaks,
     GraphCaptureError,
@@ -159,8 +162,10 @@ __all__ = [
     "KernelTrace",
     "NvmlMemory",
     "OpCounts",
+    "RunStore",
     "RuntimeCall",
     "SmClock",
+    "StoreGone",
     "SyncEvent",
     "TensorFacts",
     "UnexpectedStoreValue",
@@ -204,6 +209,7 @@ __all__ = [
     "nvml_memory_info",
     "nvml_processes",
     "on_cuda_init",
+    "open_run_store",
     "profile_kernels",
     "profiler_running",
     "rank_device",

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pytest_cuda.distributed.ranks import DistributedSpec
     from pytest_cuda.leaks.engine import LeakSettings
 
-__all__ = ["JOB_FILE", "JobRun", "RankJob", "read_job"]
+__all__ = ["JOB_FILE", "JobRun", "RankJob", "StorePlace", "read_job"]
 
 #: The job's file in its folder.
 JOB_FILE = "job.pickle"
@@ -60,6 +60,19 @@ class RankJob:
 
 
 @dataclass(frozen=True)
+class StorePlace:
+    """Where a job's ranks find their store and their keys in it: the pytest process's
+    store on the loopback address, or a launched run's (``--cuda-ranks=env``)."""
+
+    host: str = "127.0.0.1"
+    #: The prefix of the process group's keys (each generation under its own).
+    group_prefix: str = "pytest_cuda/"
+    #: The launcher's local rank of a launched run's rank (``LOCAL_RANK``), else
+    #: ``None``: the rank's number.
+    local_rank: int | None = None
+
+
+@dataclass(frozen=True)
 class JobRun:
     """One run of a :class:`RankJob` by a set of rank processes."""
 
@@ -79,6 +92,10 @@ class JobRun:
     startup: float
     #: Warm ranks, kept for the next test (else fresh ones for this test alone).
     warm: bool
+    place: StorePlace = StorePlace()
+    #: Join the process group only, and run no test: the warm-up of a test's set-up,
+    #: so that the ranks' start-up is not charged to its call (issue 40).
+    warmup: bool = False
 
     def write(self, folder: Path) -> None:
         """Write this run to ``folder``'s :data:`JOB_FILE`."""

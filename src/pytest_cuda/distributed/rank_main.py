@@ -139,8 +139,14 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
     if job_run.cwd:
         os.chdir(job_run.cwd)
     world_size = str(job_run.job.spec.world_size)
+    local = job_run.place.local_rank
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=world_size
+        RANK=str(rank),
+        LOCAL_RANK=str(rank if local is None else local),
+        WORLD_SIZE=world_size,
+        LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", world_size)
+        if local is not None
+        else world_size,
     )
     result = _Rank(job_run, process, folder).run()
     if idle is not None:  # the job's output complete before its result
@@ -245,7 +251,8 @@ class _Rank:
         from gpumagic import cuda
 
         job_run, spec, process = self.job_run, self.job.spec, self.process
-        cuda.connect_store(job_run.port, spec.world_size, job_run.startup)
+        place = job_run.place
+        cuda.connect_store(job_run.port, spec.world_size, job_run.startup, host=place.host)
         if process.generation == job_run.generation:
             return process.group
         if process.generation is not None:
@@ -256,7 +263,7 @@ class _Rank:
             self.rank,
             spec.world_size,
             device=device,
-            prefix=f"pytest_cuda/group{job_run.generation}/",
+            prefix=f"{place.group_prefix}group{job_run.generation}/",
             group_timeout_s=job_run.group_timeout,
         )
         process.generation = job_run.generation
@@ -267,6 +274,11 @@ class _Rank:
         from pytest_cuda.distributed.ranks import RankInfo
 
         job, rank = self.job, self.rank
+        if self.job_run.warmup:  # the group only: the ranks' start-up, in the test's set-up
+            self._join(cuda.rank_device(job.devices[rank] if job.devices else None))
+            self.joined = True
+            started_path(self.folder, rank).touch()
+            return {"state": "passed"}
         from pytest_cuda.distributed.module_import import import_test_module
 
         import_test_module(job.module, job.module_file)
@@ -340,7 +352,7 @@ class _Rank:
         # Longer than the launcher waits: a rank never leaves before the others finish.
         cuda.wait_for_ranks(spec.world_size, job_run.job_id, spec.timeout + job_run.startup)
         # A test's own group goes with it: groups it kept are no leftover then.
-        leaving = spec.fresh_group or not job_run.warm
+        leaving = (spec.fresh_group or not job_run.warm) and not job_run.warmup
         left = self._leftovers(groups=not leaving)
         if leaving:
             self.process.generation = self.process.group = None
