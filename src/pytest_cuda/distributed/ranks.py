@@ -295,7 +295,8 @@ def _stack_lines(outcome: RankOutcome) -> list[str]:
 
 def _without_runner(stack: str) -> str:
     """A faulthandler dump without the frames that only start the rank."""
-    runner = ('File "<frozen runpy>"', f"{os.sep}pytest_cuda{os.sep}rank_main.py")
+    here = f"{os.sep}pytest_cuda{os.sep}distributed{os.sep}"
+    runner = ('File "<frozen runpy>"', f"{here}rank_main.py", f"{here}module_import.py")
     return "\n".join(line for line in stack.splitlines() if not any(r in line for r in runner))
 
 
