@@ -96,7 +96,7 @@ def test_an_import_warning_of_every_rank_is_relayed_once_a_session(
     shows it once, naming both ranks of the first test. It showed it once per rank
     start before; a warning a test body raises is still shown for that test."""
     pytester.makepyfile(test_warnings=WARNING_SUITE, warns_on_import=WARNS_ON_IMPORT)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     out = result.stdout.str()
     relayed = [line for line in out.splitlines() if "UserWarning: rank" in line]
