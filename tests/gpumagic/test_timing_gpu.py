@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -86,15 +85,20 @@ def test_validate_agrees_with_cupti_on_a_spin_kernel(
 
 
 @pytest.mark.gpu_timing
-def test_default_run_takes_under_two_seconds(
+def test_default_runs_fit_the_budget_plus_one_run(
     shell: InteractiveShell, torch: Any, cycles_per_ms: float
 ) -> None:
+    """The default 1 s budget holds on the GPU: the runs kept, on the host clock the
+    engine stops by, add up to at most the budget and one more run. The engine's own
+    readings against each other, which a loaded host cannot upset; the wall time a user
+    waits is ``benchmarks/bench_timing.py --default-run``'s (a bound on it here failed
+    on a busy machine: issue 39)."""
     x = torch.ones(1024, device="cuda")
     shell.user_ns.update(torch=torch, cycles=int(10 * cycles_per_ms), x=x)
     for statement in ("torch.cuda._sleep(cycles)", "x.add_(1.0)"):
-        started = time.perf_counter()
-        cudatime(shell, statement)
-        assert time.perf_counter() - started < 2.0, statement
+        r = cudatime(shell, statement)
+        assert r.repeat == len(r.host_runs) >= 3, r.text()
+        assert sum(r.host_runs) <= 1.0 + max(r.host_runs), (statement, r.host_runs)
 
 
 @pytest.mark.gpu_timing
