@@ -495,11 +495,15 @@ def test_ctrl_c_in_the_first_call_shows_the_users_line_only(
 def test_ctrl_c_in_the_warm_up_shows_the_users_frames_only(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The second call is the warm-up's first, on the host and on a GPU alike (the GPU's
+    # calibration runs no loop of the body); a later one may land in the first run,
+    # where Ctrl-C keeps what ran (a GPU machine's warm-up can be a single batch).
     shell.user_ns["calls"] = []
-    cell = "def step():\n    if calls.append(1) or len(calls) > 3: raise KeyboardInterrupt"
+    cell = "def step():\n    if calls.append(1) or len(calls) > 1: raise KeyboardInterrupt"
     assert run(shell, cell).success
     result = run(shell, f"%cudatime {FAST} step()")
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert shell.user_ns["calls"] == [1, 1]  # the first call, then the warm-up's first
     text = shown(capsys)
     assert_short_and_ours_hidden(text)
     assert "----> 1 %cudatime --budget 0.05 step()" in text
