@@ -131,11 +131,35 @@ def _alive(pid: int) -> bool:
         return True
 
 
+#: Counts the pytest process's rank processes when a test's call starts.
+RANKS_AT_CALL = """
+from pathlib import Path
+
+import pytest
+
+
+def _rank_processes():
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        pids += (task / "children").read_text().split()
+    return [pid for pid in pids if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
+"""
+
+
 def test_gloo_ranks_all_reduce_fail_and_hang_as_reported(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_planted=PLANTED)
+    pytester.makeconftest(RANKS_AT_CALL)
     result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base")
     result.assert_outcomes(passed=1, failed=3, errors=2)
     out = result.stdout.str()
+    # The ranks started in the first multi-rank test's set-up: its call found them
+    # running, so its call time and its timeout are its body's (issue 40).
+    assert "RANKS WHEN test_all_reduce[2] IS CALLED: 2" in out, out
     # The all-reduce: both ranks' output, as sections of the report.
     result.stdout.fnmatch_lines(
         [
