@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpumagic.stacks import Block, StackGroup, blocks_from_segments, frames_from_snapshot
 from gpumagic.units import format_bytes, parse_size
 from pytest_cuda.leaks.report import LIMIT_MARKER
-from pytest_cuda.leaks.result import MAX_STACKS
+from pytest_cuda.leaks.result import stack_lines, top_frame
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -153,10 +153,7 @@ class OverLimit:
 
     def top_frame(self, root: str | None = None) -> str | None:
         """The innermost user line of the largest stack alive at the peak."""
-        for group in self.stacks or ():
-            if group.frames:
-                return group.frames[0].describe(root)
-        return None
+        return top_frame(self.stacks, root)
 
     def summary(self, subject: str, root: str | None = None) -> str:
         """One line: the peak, the device, the limit, and the top allocating line."""
@@ -175,20 +172,10 @@ class OverLimit:
         ]
         if self.stacks is not None:
             lines.append("Blocks alive at the peak, by allocating stack (largest first):")
-            rows = list(self.stacks[:MAX_STACKS])
-            for group in rows:
-                lines.append(f"  {group.describe()}")
-                if group.frames:
-                    lines.extend(f"    {frame.describe(root)}" for frame in group.frames)
-                else:
-                    lines.append("    (no stack: allocated while recording was off)")
-            rest = self.stacks[MAX_STACKS:]
-            if rest:
-                size = sum(g.size for g in rest)
-                lines.append(f"  ... and {len(rest)} more stacks holding {format_bytes(size)}")
+            lines += stack_lines(self.stacks, root)
             if self.before:
                 lines.append(f"  {format_bytes(self.before)} allocated before the test")
-            if not rows and not self.before:
+            if not self.stacks and not self.before:
                 lines.append("  (no allocation event before the peak was kept)")
         if self.note:
             lines.append(self.note)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from gpumagic import cuda
 from gpumagic.stacks import FrameFilter, StackGroup, blocks_from_segments, group_by_stack
 from gpumagic.units import format_bytes
-from pytest_cuda.leaks.remains import clear_frames
-from pytest_cuda.leaks.result import MAX_STACKS
+from pytest_cuda.leaks.remains import clear_frames, exception_chain
+from pytest_cuda.leaks.result import MAX_STACKS, stack_lines
 from pytest_cuda.leaks.stacks import holders_of
 
 if TYPE_CHECKING:
@@ -96,16 +96,7 @@ class OomReport:
             lines += device.lines()
         if self.stacks is not None:
             lines.append("Largest blocks alive, by allocating stack (largest first):")
-            for group in self.stacks[:MAX_STACKS]:
-                lines.append(f"  {group.describe()}")
-                if group.frames:
-                    lines.extend(f"    {frame.describe(root)}" for frame in group.frames)
-                else:
-                    lines.append("    (no stack: allocated while recording was off)")
-            rest = self.stacks[MAX_STACKS:]
-            if rest:
-                size = sum(g.size for g in rest)
-                lines.append(f"  ... and {len(rest)} more stacks holding {format_bytes(size)}")
+            lines += stack_lines(self.stacks, root)
         if self.holders is not None:
             lines.append("Who holds them (largest first):")
             lines += [f"  {h.describe()}" for h in self.holders.holders[:MAX_STACKS]]
@@ -173,17 +164,11 @@ def _device_state(index: int, stats: cuda.AllocatorStats) -> DeviceState:
 
 
 def drop_frames(exc: BaseException) -> None:
-    """Clear the frames of ``exc``'s traceback (its causes' and contexts' too), collect
-    what they held, and give the cached blocks back to the driver: the next test starts
-    with the memory back (pytest keeps a failure until the next test's call)."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        found = pending.pop()
-        if found is None or id(found) in seen:
-            continue
-        seen.add(id(found))
+    """Clear the frames of ``exc``'s traceback (its causes', contexts' and a group's
+    members' too), collect what they held, and give the cached blocks back to the
+    driver: the next test starts with the memory back (pytest keeps a failure until the
+    next test's call)."""
+    for found in exception_chain([exc]):
         clear_frames(found.__traceback__)
-        pending += [found.__cause__, found.__context__]
     gc.collect()
     cuda.empty_cache()

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     import pytest
 
-__all__ = ["clear_frames", "drop_failure", "release_test_references"]
+__all__ = ["clear_frames", "drop_failure", "exception_chain", "release_test_references"]
 
 _LAST = ("last_type", "last_value", "last_traceback", "last_exc")
 
@@ -28,7 +28,7 @@ def release_test_references(item: pytest.Item) -> None:
     """Drop what pytest still holds of the test before it would itself: the failed
     test's frames (every frame of every exception of its failure, chained or grouped)
     and the fixture values (``item.funcargs``, dropped right after this teardown)."""
-    for exc in _chain(_failures(item)):
+    for exc in exception_chain(_failures(item)):
         clear_frames(exc.__traceback__)
     clear_frames(getattr(sys, "last_traceback", None))
     if getattr(item, "funcargs", None):
@@ -63,7 +63,7 @@ def _failures(item: pytest.Item) -> list[BaseException]:
     return found
 
 
-def _chain(roots: list[BaseException]) -> list[BaseException]:
+def exception_chain(roots: list[BaseException]) -> list[BaseException]:
     """``roots`` and every exception they lead to: causes, contexts, a group's members."""
     seen: dict[int, BaseException] = {}
     pending = list(roots)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Literal
 from gpumagic.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gpumagic.stacks import StackGroup
     from pytest_cuda.leaks.walk.holders import LeakHolderScan
 
@@ -28,6 +30,8 @@ __all__ = [
     "Release",
     "Rerun",
     "parse_leak_settings",
+    "stack_lines",
+    "top_frame",
 ]
 
 Mode = Literal["fail", "warn", "off"]
@@ -36,6 +40,31 @@ MODES: tuple[Mode, ...] = ("fail", "warn", "off")
 
 #: At most this many stacks in a report (frames per stack: :data:`gpumagic.stacks.MAX_FRAMES`).
 MAX_STACKS = 8
+
+
+def top_frame(stacks: Sequence[StackGroup] | None, root: str | None = None) -> str | None:
+    """The innermost user line of the largest of ``stacks`` that has frames."""
+    for group in stacks or ():
+        if group.frames:
+            return group.frames[0].describe(root)
+    return None
+
+
+def stack_lines(stacks: Sequence[StackGroup], root: str | None = None) -> list[str]:
+    """Each of the largest :data:`MAX_STACKS` stacks with its frames, then what the rest
+    hold: the lines under a report's "by allocating stack" heading."""
+    lines = []
+    for group in stacks[:MAX_STACKS]:
+        lines.append(f"  {group.describe()}")
+        if group.frames:
+            lines.extend(f"    {frame.describe(root)}" for frame in group.frames)
+        else:
+            lines.append("    (no stack: allocated while recording was off)")
+    rest = stacks[MAX_STACKS:]
+    if rest:
+        size = sum(g.size for g in rest)
+        lines.append(f"  ... and {len(rest)} more stacks holding {format_bytes(size)}")
+    return lines
 
 
 class CudaLeakError(AssertionError):
@@ -136,10 +165,7 @@ class LeakResult:
 
     def top_frame(self, root: str | None = None) -> str | None:
         """The innermost user line of the largest stack, when stacks were recorded."""
-        for group in self.stacks or ():
-            if group.frames:
-                return group.frames[0].describe(root)
-        return None
+        return top_frame(self.stacks, root)
 
     def summary(self, subject: str, root: str | None = None) -> str:
         """One line: who leaked how much where, and the top allocating line if known."""
@@ -211,16 +237,7 @@ class LeakResult:
             )
             return "\n".join(lines)
         lines.append("Blocks still alive, by allocating stack (largest first):")
-        for group in self.stacks[:MAX_STACKS]:
-            lines.append(f"  {group.describe()}")
-            if group.frames:
-                lines.extend(f"    {frame.describe(root)}" for frame in group.frames)
-            else:
-                lines.append("    (no stack: allocated while recording was off)")
-        rest = self.stacks[MAX_STACKS:]
-        if rest:
-            size = sum(g.size for g in rest)
-            lines.append(f"  ... and {len(rest)} more stacks holding {format_bytes(size)}")
+        lines += stack_lines(self.stacks, root)
         if self.stack_note:
             lines.append(self.stack_note)
         lines += self._holder_lines()
