@@ -19,3 +19,25 @@ def skip_reasons(result: pytest.RunResult) -> dict[str, int]:
         if match:
             found[match.group(2)] = found.get(match.group(2), 0) + int(match.group(1))
     return found
+
+
+#: A conftest for a planted run: prints how many rank processes this pytest process has
+#: when each test's call starts (the ranks' start-up belongs to the first multi-rank
+#: test's set-up, issue 40).
+RANKS_AT_CALL = """
+from pathlib import Path
+
+import pytest
+
+
+def _rank_processes():
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        pids += (task / "children").read_text().split()
+    return [pid for pid in pids if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
+"""

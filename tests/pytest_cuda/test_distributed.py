@@ -19,7 +19,7 @@ import types
 from typing import TYPE_CHECKING
 
 import pytest
-from reports import skip_reasons
+from reports import RANKS_AT_CALL, skip_reasons
 
 from fake_cuda import h200s
 from pytest_cuda.distributed.job import JOB_FILE, JobRun, RankJob, read_job
@@ -129,26 +129,6 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except OSError:  # pragma: no cover - no /proc: trust kill
         return True
-
-
-#: Counts the pytest process's rank processes when a test's call starts.
-RANKS_AT_CALL = """
-from pathlib import Path
-
-import pytest
-
-
-def _rank_processes():
-    pids = []
-    for task in Path("/proc/self/task").iterdir():
-        pids += (task / "children").read_text().split()
-    return [pid for pid in pids if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
-    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
-"""
 
 
 def test_gloo_ranks_all_reduce_fail_and_hang_as_reported(pytester: pytest.Pytester) -> None:

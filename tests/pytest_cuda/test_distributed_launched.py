@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from reports import RANKS_AT_CALL
 
 from pytest_cuda.distributed.world import LaunchError, launched_world
 
@@ -100,26 +101,6 @@ def test_4_more_ranks_than_launched(cuda_rank):
 
 def test_5_plain():
     pass
-"""
-
-# Counts this pytest process's rank processes when a test's call starts: the ranks'
-# start-up belongs to the first test's set-up (issue 40).
-STARTUP_CONFTEST = """
-from pathlib import Path
-
-import pytest
-
-
-def _rank_processes():
-    pids = []
-    for task in Path("/proc/self/task").iterdir():
-        pids += (task / "children").read_text().split()
-    return [pid for pid in pids if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
-    print(f"RANKS WHEN {item.name} IS CALLED: {len(_rank_processes())}")
 """
 
 OTHER = """
@@ -250,7 +231,7 @@ def runs(tmp_path: Path) -> dict[str, list[Node]]:
         if name == "good":
             started[name] = _start_pair(folder, "--cuda-rank-logs=logs", mark=marks[name])
         elif name == "bad":
-            (folder / "conftest.py").write_text(STARTUP_CONFTEST)
+            (folder / "conftest.py").write_text(RANKS_AT_CALL)
             started[name] = _start_pair(folder, "-s", mark=marks[name])
         else:
             started[name] = _start_as_srun(folder, mark=marks[name])
