@@ -5,9 +5,12 @@ Micro: the limit's own work per test, in this process on ``cuda:0``
 (:class:`pytest_cuda.leaks.limit_watch.LimitWatch`: ``begin`` resets the peak counters,
 ``over`` reads them), around a clean test body (one small tensor made and freed), timed
 against the body alone, with the allocator's events recorded as a limit records them
-(``context="alloc"``) and without. Suite: a generated suite of small CUDA tests run in
-fresh pytest processes with ``--cuda-limit-memory=1TiB`` and without, interleaved round by
-round (the order alternating), as paired differences of the wall time.
+(``context="alloc"``) and without. The limit touches only the devices with a CUDA
+context: measured first with ``cuda:0``'s alone, then (on a machine with several) once
+every device has one (``*_all_devices``: an earlier test used them all). Suite: a
+generated suite of small CUDA tests run in fresh pytest processes with
+``--cuda-limit-memory=1TiB`` and without, interleaved round by round (the order
+alternating), as paired differences of the wall time.
 
     python benchmarks/bench_memory_limit.py [--calls 5000] [--rounds 7] [--json results.jsonl]
 
@@ -73,13 +76,25 @@ def per_call_us(calls: int, *, watched: bool) -> list[float]:
 def micro(calls: int) -> dict[str, float]:
     torch = cuda.torch_module()
     torch.empty(1, device="cuda")  # the context first
+    result = micro_rounds(calls)
+    total = torch.cuda.device_count()
+    if total > 1:
+        for device in range(1, total):
+            torch.empty(1, device=f"cuda:{device}")  # a context on each
+        result |= micro_rounds(calls, "_all_devices")
+        result["devices_in_use_all_devices"] = len(cuda.devices_with_context())
+    return result
+
+
+def micro_rounds(calls: int, suffix: str = "") -> dict[str, float]:
+    """Medians of the body alone and watched, recorded and not; ``suffix`` on each key."""
     result: dict[str, float] = {}
     for recorded in (False, True):
         recording = StackRecording(event_stacks=True)
         if recorded:
             recording.ensure()
         try:
-            label = "recorded" if recorded else "unrecorded"
+            label = ("recorded" if recorded else "unrecorded") + suffix
             per_call_us(calls // 10, watched=True)  # warm-up
             bare, watched = [], []
             for _ in range(5):  # interleaved blocks, so drift hits both alike
@@ -158,7 +173,9 @@ def main() -> None:
     print(f"CUDA memory limit on a clean test; {result['device']}, torch {status.torch_version}\n")
     print("| what | median |")
     print("| --- | ---: |")
-    for label in ("unrecorded", "recorded"):
+    for label in ("unrecorded", "recorded", "unrecorded_all_devices", "recorded_all_devices"):
+        if f"body_{label}_median_us" not in result:
+            continue  # one device
         print(f"| clean body, {label} | {result[f'body_{label}_median_us']} µs |")
         print(f"| limit's work around it, {label} | {result[f'limit_cost_{label}_us']:+} µs |")
     if args.rounds:

@@ -204,7 +204,9 @@ class FakeAllocator:
             self,
             is_initialized=lambda: self.initialized,
             visible_device_total=lambda: len(self.devices) if self.initialized else 0,
-            devices_with_context=lambda: tuple(d.index for d in self.devices if self.initialized),
+            # A device gets its context with its first allocation here (torch makes one
+            # on first use of the device, not when it initialises CUDA).
+            devices_with_context=lambda: tuple(sorted(self.touched)) if self.initialized else (),
             allocator_backend=lambda: "native" if self.initialized else None,
             device_total_memory=lambda i: 140 * GiB if self.initialized else None,
             memory_history_enabled=lambda: self.recording or self.user_recording,

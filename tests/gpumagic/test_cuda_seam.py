@@ -279,6 +279,21 @@ def test_allocator_stats_see_a_tensor() -> None:
 
 
 @pytest.mark.cuda
+def test_a_peak_reset_and_the_marks_a_memory_limit_reads() -> None:
+    import torch
+
+    x = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda:0")
+    del x
+    assert 0 in cuda.devices_with_context()
+    allocated, peak, ever, freed = cuda.allocation_marks(0)
+    assert peak >= allocated + 64 * 2**20
+    assert ever - freed == allocated == torch.cuda.memory_allocated(0)
+    cuda.reset_peak_memory_stats(0)
+    allocated, peak, _, _ = cuda.allocation_marks(0)
+    assert peak == allocated == torch.cuda.max_memory_allocated(0)
+
+
+@pytest.mark.cuda
 def test_nvml_sees_this_process_once_cuda_is_in_use() -> None:
     import torch
 

@@ -130,6 +130,46 @@ def test_the_option_limits_every_test(pytester: pytest.Pytester) -> None:
     )
 
 
+SECOND_DEVICE = """
+import pytest
+import torch
+
+GiB = 1 << 30
+
+
+def test_on_cuda0_only():
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
+    assert x.numel() == 1 << 20
+
+
+@pytest.mark.cuda_limit_memory("512MiB")
+def test_first_use_of_cuda1():
+    x = torch.empty(GiB, dtype=torch.uint8, device="cuda:1")  # line: cuda1
+    assert x.numel() == GiB
+"""
+
+
+@pytest.mark.cuda(min_devices=2)
+def test_a_device_first_used_inside_the_test_is_held_to_the_limit(
+    pytester: pytest.Pytester,
+) -> None:
+    """Only devices with a context are reset and read: cuda:1 gets its context inside
+    the limited test, and its peak is judged from zero."""
+    pytester.makepyfile(test_second=SECOND_DEVICE)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", timeout=240
+    )
+    _record("second_device", result)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "CUDA memory limit: test_first_use_of_cuda1 peaked at 1.0 GiB on cuda:1, over "
+            "its limit of 512.0 MiB (cuda_limit_memory marker), allocated at "
+            f"test_second.py:{_line(SECOND_DEVICE, 'cuda1')} in test_first_use_of_cuda1",
+        ]
+    )
+
+
 RANKS = """
 import pytest
 import torch

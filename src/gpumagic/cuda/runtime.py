@@ -99,11 +99,13 @@ def elapsed_ms(start: torch.cuda.Event, end: torch.cuda.Event, *, wait: bool = T
 
 def devices_with_context() -> tuple[int, ...]:
     """Indices of the devices on which this process has a CUDA context; ``()`` before
-    torch has initialised CUDA. Never creates a context."""
+    torch has initialised CUDA. Never creates a context, and costs a driver query per
+    device: a device without one cannot hold an allocation of torch's."""
     if not is_initialized():
         return ()
-    has_context = torch_module()._C._cuda_hasPrimaryContext
-    return tuple(i for i in range(visible_device_total()) if has_context(i))
+    torch = torch_module()
+    has_context = torch._C._cuda_hasPrimaryContext
+    return tuple([i for i in range(torch.cuda.device_count()) if has_context(i)])
 
 
 def visible_device_total() -> int:

@@ -34,8 +34,9 @@ import pytest
 
 from gpumagic import cuda
 from gpumagic.units import format_bytes
+from pytest_cuda.leaks.call_peaks import CallPeaks
 from pytest_cuda.leaks.engine import TRACEBACK_STEP, LeakCheck, LeakSettings
-from pytest_cuda.leaks.peaks import peaks_since, reset_peaks
+from pytest_cuda.leaks.peaks import PeakStart, peaks_since
 from pytest_cuda.leaks.remains import drop_failure, release_test_references
 from pytest_cuda.leaks.report import (
     MARKER,
@@ -77,7 +78,8 @@ class _Check:
     held: dict[int, int] = field(default_factory=dict)
     tearing_down: bool = False
     done: bool = False
-    start_stats: dict[int, cuda.AllocatorStats] = field(default_factory=dict)
+    #: The peaks reset at the start of its call (``--cuda-memory-report``).
+    start: PeakStart | None = None
     result: LeakResult | None = None
     peak: list[list[int]] | None = None
     failure: str | None = None
@@ -212,9 +214,11 @@ class LeakChecker:
         if not check.began:
             self._begin(check)
         check.ran = True
-        if self.peaks:
-            check.start_stats = reset_peaks()
-        return (yield)
+        if not self.peaks:
+            return (yield)
+        with CallPeaks(item) as start:  # the memory limit's too, when there is one
+            check.start = start
+            return (yield)
 
     def pytest_fixture_post_finalizer(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
@@ -308,7 +312,7 @@ class LeakChecker:
 
     def _measure(self, check: _Check) -> None:
         if self.peaks:
-            check.peak = peaks_since(check.start_stats, self.source.read())
+            check.peak = peaks_since(check.start)
         if check.engine is None:
             return
         item = check.item

@@ -3,9 +3,10 @@ and :meth:`~LimitWatch.over`.
 
 Used the same way by the pytest process (:mod:`pytest_cuda.leaks.limiter`) and inside
 every rank of a ``cuda_distributed`` test (:mod:`pytest_cuda.distributed.rank_main`).
-``begin`` resets each device's peak counter (:func:`~pytest_cuda.leaks.peaks.reset_peaks`,
-as ``--cuda-memory-report`` does); ``over`` reads the peaks (one allocator read per
-device: the whole cost of a test under its limit) and, for a device past the limit,
+``begin`` resets the peak counter of each device with a context
+(:func:`~pytest_cuda.leaks.peaks.reset_peaks`, as ``--cuda-memory-report`` does: one reset
+serves both); ``over`` reads the peaks (one allocator read per device with a context, at
+each end: the whole cost of a test under its limit) and, for a device past the limit,
 replays the allocator's events to the peak (:func:`~pytest_cuda.leaks.limit.blocks_at_peak`)
 and groups what was alive there by allocating stack. Never imports pytest; CUDA only
 through :mod:`gpumagic.cuda`.
@@ -13,18 +14,14 @@ through :mod:`gpumagic.cuda`.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpumagic import cuda
 from gpumagic.stacks import FrameFilter, group_by_stack
 from pytest_cuda.leaks.limit import OverLimit, blocks_at_peak
-from pytest_cuda.leaks.peaks import peaks_since, reset_peaks
+from pytest_cuda.leaks.peaks import PeakStart, peaks_since, reset_peaks
 from pytest_cuda.leaks.stacks import HISTORY_MAX_ENTRIES, StackRecording
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
 
 __all__ = ["UNRECORDED", "LimitWatch"]
 
@@ -47,8 +44,7 @@ class LimitWatch:
     outermost: tuple[str, str] | None = None
     devices: tuple[int, ...] | None = None
     ring_size: int | None = None
-    _start: dict[int, cuda.AllocatorStats] = field(default_factory=dict, init=False)
-    _start_us: int = field(default=0, init=False)
+    _start: PeakStart | None = field(default=None, init=False)
     #: The snapshot read for the last over-limit verdict (for ``--cuda-memory-snapshot``).
     snapshot: dict[str, Any] | None = field(default=None, init=False, repr=False)
     #: A recording of its own (:meth:`recorded`), switched off by :meth:`close`.
@@ -84,19 +80,15 @@ class LimitWatch:
             return None
         return over[0].summary(subject, root), "\n".join(o.details(root) for o in over)
 
-    def begin(self) -> None:
-        """Peaks reset; the moment the test starts."""
-        self._start = reset_peaks()
-        self._start_us = time.time_ns() // 1000
+    def begin(self, start: PeakStart | None = None) -> None:
+        """The test starts: peaks reset now, or ``start``, a reset made for it already
+        (``--cuda-memory-report``'s)."""
+        self._start = reset_peaks() if start is None else start
 
     def over(self) -> list[OverLimit]:
         """The devices whose peak since :meth:`begin` went over the limit, with what was
         alive at the peak (empty: within the limit everywhere)."""
-        if not cuda.is_initialized():
-            return []
-        total = cuda.visible_device_total()
-        wanted: Iterable[int] = range(total) if self.devices is None else self.devices
-        rows = peaks_since(self._start, dict.fromkeys((d for d in wanted if d < total), 0))
+        rows = peaks_since(self._start, self.devices)
         found = [(device, peak, start) for device, peak, start in rows if peak > self.limit]
         if not found:
             return []
@@ -105,11 +97,12 @@ class LimitWatch:
             self.ring_size = HISTORY_MAX_ENTRIES if self.recording.owned else None
         self.snapshot = cuda.memory_snapshot()
         is_user = FrameFilter.default().is_user
+        start_us = self._start.at_us if self._start is not None else 0
         verdicts = []
         for device, peak, start in found:
             verdict = OverLimit(device, peak, self.limit, self.source, start)
             if recorded:
-                at_peak = blocks_at_peak(self.snapshot, device, self._start_us, self.ring_size)
+                at_peak = blocks_at_peak(self.snapshot, device, start_us, self.ring_size)
                 stacks = group_by_stack(at_peak.blocks, is_user, outermost=self.outermost)
                 note = "" if at_peak.complete else self._lost_note()
                 verdict = OverLimit(

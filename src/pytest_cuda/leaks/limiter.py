@@ -22,6 +22,7 @@ import pytest
 
 from gpumagic import cuda
 from gpumagic.cuda_errors import out_of_memory
+from pytest_cuda.leaks.call_peaks import CallPeaks
 from pytest_cuda.leaks.limit import MARKER, parse_limit
 from pytest_cuda.leaks.limit_watch import LimitWatch
 from pytest_cuda.leaks.stacks import HISTORY_MAX_ENTRIES, StackRecording
@@ -94,14 +95,15 @@ class MemoryLimiter:
         if watch is None:
             return (yield)
         self.recording.ensure()
-        watch.begin()
-        try:
-            result = yield
-        except BaseException as exc:
-            if out_of_memory(exc) is None:  # the out-of-memory report says more
-                self._judge(item, watch, failed=True)
-            raise
-        self._judge(item, watch, failed=False)
+        with CallPeaks(item) as start:
+            watch.begin(start)
+            try:
+                result = yield
+            except BaseException as exc:
+                if out_of_memory(exc) is None:  # the out-of-memory report says more
+                    self._judge(item, watch, failed=True)
+                raise
+            self._judge(item, watch, failed=False)
         return result
 
     def _judge(self, item: pytest.Item, watch: LimitWatch, *, failed: bool) -> None:
