@@ -44,7 +44,7 @@ pytest: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 docs: $(STAMP)
-	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -n -W --keep-going -q -b html docs docs/_build/html
 
 # The suite on the lowest versions pyproject.toml declares (tests/test_packaging.py keeps
 # these pins equal to its floors). torch is the one exception: its floor (2.11) has no

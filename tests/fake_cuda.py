@@ -211,6 +211,10 @@ class FakeAllocator:
             async_error=lambda: None,  # the made-up GPU never has an asynchronous error
             synchronize=lambda devices=None: None,  # nothing is ever queued on it
             release_cached_blocks=lambda devices: self.awaiting.clear(),
+            # The checker imports torch before the first test, for work queued on CUDA's
+            # initialisation: this allocator queues it (on_cuda_init) without torch, and
+            # a planted subprocess or xdist worker saves the 1.6 s of CPU torch costs.
+            start_torch=lambda: None,
         )
         return self
 

@@ -48,7 +48,7 @@ NEEDS_GPU = [pytest.mark.cuda, pytest.mark.skipif(not HAVE_GPU, reason="needs a 
 
 # Blocks marked ``<!-- sample: fragment -->``, and why each cannot be made complete.
 FRAGMENTS: dict[str, str] = {
-    "configuration.md:161": "a line of an IPython profile file, where IPython defines `c`",
+    "configuration.md:185": "a line of an IPython profile file, where IPython defines `c`",
 }
 
 # Tests of the test-file samples that fail on a GPU by design (the page says so): the

@@ -92,7 +92,14 @@ def test_pytest_help_holds_every_option_marker_and_fixture(
 
     markers = [m.split("(")[0].split(":")[0] for m in config.getini("markers")]
     ours = sorted(m for m in markers if m.startswith("cuda"))
-    assert ours == ["cuda", "cuda_distributed", "cuda_leak_check", "cuda_no_sync", "cuda_sync"]
+    assert ours == [
+        "cuda",
+        "cuda_distributed",
+        "cuda_leak_check",
+        "cuda_limit_memory",
+        "cuda_no_sync",
+        "cuda_sync",
+    ]
     marker_text = pytest_help.cuda_markers()
     for marker in ours:
         assert f"@pytest.mark.{marker}" in marker_text
@@ -151,3 +158,60 @@ def test_option_sections_cover_every_option_and_magic_option(
             assert option.label.startswith(f"{magic}-option-"), option
             assert option.label == option.label.lower()
             assert option.usage.split(",")[0].split()[0] in shown, option
+
+
+# Set by the plugin for processes it starts, not settings: the leak re-run's output file,
+# and pytest's own current-test variable that a child process clears.
+NOT_SETTINGS = {"PYTEST_CUDA_LEAK_RERUN_OUT", "PYTEST_CURRENT_TEST"}
+
+
+def variables_the_code_reads() -> set[str]:
+    """Environment variable names written as string literals in the modules that touch
+    ``os.environ`` (names of the project's own constants left out)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    sources = [p.read_text() for p in src.rglob("*.py")]
+    constants = {
+        n for text in sources for n in re.findall(r"^\s*([A-Z][A-Z0-9_]*)\b.*=", text, re.M)
+    }
+    literals = {
+        name
+        for text in sources
+        if "environ" in text
+        for name in re.findall(r'"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"', text)
+    }
+    return literals - constants - NOT_SETTINGS
+
+
+def test_the_settings_table_holds_every_setting_with_its_default(
+    ext: tuple[ModuleType, ModuleType],
+) -> None:
+    _, pytest_help = ext
+    sys.path.insert(0, str(EXT))
+    try:
+        import settings_table
+    finally:
+        sys.path.remove(str(EXT))
+    rows = settings_table.settings()
+    entries = pytest_help.cuda_option_entries()
+    assert [r.label for r in rows if r.kind != "env"] == [e.label for e in entries]
+    defaults = settings_table.parser_defaults()
+    by_label = {r.label: r for r in rows}
+    for entry in entries:
+        row = by_label[entry.label]
+        assert row.default in (
+            settings_table.help_default(entry.help),
+            settings_table.shown_default(defaults[entry.name]),
+        ), entry
+        assert row.what, entry
+        assert entry.help.startswith(row.what), entry
+    assert by_label["option-cuda-on-poison"].default == "continue"
+    assert by_label["ini-cuda-leak-holder-search"].default == "0.3"
+    assert by_label["option-cuda-leak-check"].default == "off"
+    listed = {r.name for r in rows if r.kind == "env"}
+    missing = variables_the_code_reads() - listed
+    assert not missing, f"add these to settings_table.ENVIRONMENT: {missing}"
+    assert "CUDA_VISIBLE_DEVICES" in variables_the_code_reads()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert "```{settings-table}\n```" in page
+    for label in {r.label for r in rows if r.kind == "env"}:
+        assert f"({label})=" in page, label

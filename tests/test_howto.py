@@ -60,6 +60,8 @@ def read_page(path: Path) -> Page:
 PAGES = {path.stem: read_page(path) for path in sorted(HOWTO.glob("*.md"))}
 COMMANDS = [(name, command) for name, page in PAGES.items() for command in page.commands]
 
+TORCHRUN = "torchrun --standalone --nproc-per-node=2 -m pytest --cuda-ranks=env test_multinode.py"
+
 # What the commands must show on a machine with a GPU (fragments of their output).
 # Expected exit status (None: any failure) and fragments of the output, on a GPU.
 ON_GPU: dict[str, tuple[int | None, tuple[str, ...]]] = {
@@ -93,6 +95,7 @@ ON_GPU: dict[str, tuple[int | None, tuple[str, ...]]] = {
     ),
     "pytest test_ddp_logic.py": (0, ("1 passed",)),
     "pytest -n 1 --cuda-devices=0,1 --cuda-devices-per-worker=2 test_ddp.py": (0, ("3 passed",)),
+    TORCHRUN: (0, ("3 passed",)),
     # The device-side assert aborts the process under the sanitizer (exit 6 on an H200).
     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer pytest 'test_indexing.py::test_gather'": (
         None,
@@ -103,6 +106,7 @@ ON_GPU: dict[str, tuple[int | None, tuple[str, ...]]] = {
 # Commands whose tests need no GPU (gloo ranks): what they show on a machine without one.
 ON_CPU: dict[str, tuple[int, tuple[str, ...]]] = {
     "pytest test_ddp_logic.py": (0, ("1 passed",)),
+    TORCHRUN: (0, ("2 passed, 1 skipped", "cuda ranks: 2 started by torchrun")),
 }
 
 
@@ -113,6 +117,7 @@ def test_every_guide_has_commands_or_cells() -> None:
         "fix-a-leak",
         "gpu-memory",
         "multi-gpu",
+        "multi-node",
         "time-a-kernel",
     }
     for name, page in PAGES.items():
@@ -129,6 +134,8 @@ def devices_needed(command: str) -> int:
         need = max(need, *(int(i) + 1 for i in indices.split(",")))
     for per_worker in re.findall(r"--cuda-devices-per-worker=(\d+)", command):
         need = max(need, int(per_worker))
+    if command == TORCHRUN and cuda.status().available:
+        need = max(need, 2)  # one GPU per rank where its NCCL test runs
     return need
 
 

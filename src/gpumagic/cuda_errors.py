@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["STICKY_ERRORS", "CudaErrorInfo", "classify", "error_hint"]
+__all__ = ["STICKY_ERRORS", "CudaErrorInfo", "classify", "error_hint", "out_of_memory"]
 
 #: The CUDA runtime errors that leave the context unusable ("sticky" errors), by the
 #: text ``cudaGetErrorString`` gives them (CUDA Runtime API, "Error Handling").
@@ -109,3 +109,44 @@ def error_hint(exc: BaseException) -> str | None:
             "this process; restart the kernel."
         )
     return hint
+
+
+#: How an allocation that found no GPU memory is worded: torch's caching allocator
+#: (``torch.OutOfMemoryError``: "CUDA out of memory. Tried to allocate ..."), the CUDA
+#: runtime and driver (a library's own ``cudaMalloc``), cuBLAS and cuDNN.
+_OOM_TEXTS = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "cudaErrorMemoryAllocation",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
+
+def out_of_memory(exc: BaseException) -> BaseException | None:
+    """The exception of ``exc``'s chain (itself, its causes and contexts) that says a
+    CUDA allocation failed, or ``None``: an ``OutOfMemoryError`` (torch's, CuPy's), or
+    a ``RuntimeError`` reporting a CUDA allocation error (an assertion that quotes such
+    a message is none). By the class's name and the message: torch is never imported
+    here."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        found = pending.pop()
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        if type(found).__name__ == "OutOfMemoryError" or (
+            isinstance(found, RuntimeError) and any(t in _message(found) for t in _OOM_TEXTS)
+        ):
+            return found
+        pending += [found.__cause__, found.__context__]
+    return None
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # an exception whose __str__ raises says nothing
+        return ""

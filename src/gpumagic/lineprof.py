@@ -12,11 +12,9 @@ line_profiler reads its clock:
   line_profiler's, which calls it after the hook.
 
 Once CUDA is in use, the hook synchronizes every device that has a context (so the
-line that launched the work waits for it; not with ``sync=False``), records when each
-line ran while torch.profiler records the GPU work, each kernel charged to its line
-after the run (``gpu``, :mod:`gpumagic.lineprof_kernels`), counts the synchronizing
-calls torch reports per line (``gpu``), and reads the allocator's counters
-(``memory``). It measures its own cost and subtracts it from
+line that launched the work waits for it), records CUDA events for a GPU-time column
+(``gpu``), counts the synchronizing calls torch reports per line (``gpu``), and reads
+the allocator's counters (``memory``). It measures its own cost and subtracts it from
 every line whose time enclosed it, and it counts each multi-line statement once. All
 CUDA calls go through :mod:`gpumagic.cuda`. Nothing here imports IPython.
 """
@@ -46,9 +44,6 @@ from gpumagic.lineprof_install import (
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import CodeType
-
-    from gpumagic.lineprof_attribution import GpuAttribution
-    from gpumagic.lineprof_kernels import TraceCost
 
 __all__ = [
     "GpuLineProfiler",
@@ -84,27 +79,42 @@ class LineProfileResult:
     """One profile: line_profiler's stats (host time per line, GPU-correct when
     synchronized) plus what gpumagic measured per line, and what to tell the user."""
 
+    #: line_profiler's stats: hits and host time per line (GPU-correct when synchronized),
+    #: gpumagic's own cost removed.
     stats: LineStats
+    #: What gpumagic measured per line (GPU time, syncs, memory), by function and line.
     extras: dict[Label, dict[int, LineExtras]]
+    #: Whether the devices were synchronized at every line boundary.
     sync: bool
+    #: Whether GPU time and synchronizing calls were measured per line (``--gpu``).
     gpu: bool
+    #: Whether the allocator was read per line (``--memory``).
     memory: bool
+    #: Whether the profiled code used CUDA.
     cuda_used: bool
+    #: The devices it used.
     devices: tuple[int, ...]
+    #: How many synchronizations the line boundaries made.
     syncs: int
+    #: Line boundaries inside a CUDA graph capture, where nothing could be synchronized or
+    #: recorded.
     capture_skips: int
+    #: What an idle synchronize costs, in ns (measured; not charged to the lines).
     sync_floor_ns: int
+    #: Line hits with no GPU time (inside a graph capture, or after an error).
+    gpu_unmeasured: int
+    #: The CUDA error after which gpumagic stopped its own CUDA work, if any.
     failure: str | None
+    #: How lines were seen: ``"sys.monitoring"``, ``"sys.settrace"`` or ``"none"``.
     hook: str
+    #: Wall time of the profiled statement, in seconds.
     wall_s: float
+    #: For a statement over several lines: each line's first line, by function.
     statements: dict[Label, dict[int, int]]
+    #: What the table should say about the targets and the run, one sentence each.
     notes: list[str] = field(default_factory=list)
+    #: A message to show above the table (why nothing was profiled, for instance).
     message: str | None = None
-    #: --gpu: every kernel, copy and memset charged to its line (None: none recorded)
-    kernels: GpuAttribution | None = None
-    kernels_failure: str | None = None
-    trace_cost: TraceCost | None = None
-    end_syncs: int = 0
 
     @property
     def gpu_columns(self) -> bool:
@@ -121,8 +131,7 @@ class GpuLineProfiler(LineProfiler):
     """line_profiler's ``LineProfiler``, with each line charged for its GPU work.
 
     ``sync`` synchronizes the devices in use after every profiled line (so the host
-    time of a line includes the GPU work it launched); ``gpu`` charges each kernel, copy
-    and memset CUPTI recorded to the line that launched it (no event or wait per line)
+    time of a line includes the GPU work it launched); ``gpu`` adds CUDA events per line
     and counts synchronizing calls; ``memory`` reads the allocator per line. Use
     :meth:`add_target` for the callables, :meth:`session` around the code to profile;
     :meth:`get_stats` returns line_profiler ``LineStats`` with gpumagic's own cost
@@ -132,9 +141,14 @@ class GpuLineProfiler(LineProfiler):
     def __init__(
         self, *functions: Any, sync: bool = True, gpu: bool = False, memory: bool = False
     ) -> None:
+        #: Whether the devices in use are synchronized after every profiled line.
         self.sync = sync
+        #: Whether each line gets CUDA events and a count of its synchronizing calls.
         self.gpu = gpu
+        #: Whether the allocator is read at every line boundary.
         self.memory = memory
+        #: What the table should say about the targets (a torch.compile'd callable that
+        #: cannot be line-profiled, an ``nn.Module`` profiled through its ``forward``).
         self.notes: list[str] = []
         self._record = Record()
         self._original_codes: list[tuple[Any, CodeType]] = []
@@ -329,16 +343,13 @@ class GpuLineProfiler(LineProfiler):
             syncs=record.syncs,
             capture_skips=record.capture_skips,
             sync_floor_ns=record.sync_floor_ns,
+            gpu_unmeasured=record.gpu_unmeasured,
             failure=record.failure,
             hook=record.hook,
             wall_s=record.wall_s,
             statements=statements,
             notes=notes,
             message=message,
-            kernels=record.gpu,
-            kernels_failure=record.gpu_failure,
-            trace_cost=record.trace_cost,
-            end_syncs=record.end_syncs,
         )
 
 

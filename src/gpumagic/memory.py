@@ -49,8 +49,12 @@ class ProcessMemory:
     """One process on a device as NVML reports it; ``used`` is ``None`` where the
     driver does not say (MIG, Windows WDDM)."""
 
+    #: The process id.
     pid: int
+    #: Bytes NVML charges to the process on this device; ``None`` where the driver does not
+    #: say.
     used: int | None
+    #: Whether it is this process (the IPython kernel).
     is_self: bool = False
 
 
@@ -58,8 +62,11 @@ class ProcessMemory:
 class PeakReset:
     """gpumagic reset a device's peak counters (to measure a cell's peak exactly)."""
 
+    #: The device's index.
     device: int
+    #: The cell or call that reset the counters, as the output names it.
     label: str
+    #: torch's peak allocated bytes on the device before the reset.
     peak_before: int
 
 
@@ -67,20 +74,38 @@ class PeakReset:
 class DeviceMemory:
     """Everything ``%gpumem`` knows about one device. ``None``: not known here."""
 
+    #: The device's index among the visible devices (``cuda:<index>``).
     index: int
+    #: The device's name, as NVML or torch gives it.
     name: str
+    #: The device's memory in bytes.
     total: int | None
+    #: Whether torch had initialised CUDA in this process (otherwise the allocator's figures
+    #: are ``None`` and nothing was initialised to read them).
     torch_initialized: bool
+    #: Bytes torch's caching allocator has handed to live tensors
+    #: (``torch.cuda.memory_allocated``).
     allocated: int | None = None
+    #: Bytes torch's caching allocator holds from the driver, in use or cached
+    #: (``torch.cuda.memory_reserved``).
     reserved: int | None = None
+    #: The highest ``allocated`` since the counters were last reset.
     peak_allocated: int | None = None
+    #: The highest ``reserved`` since the counters were last reset.
     peak_reserved: int | None = None
+    #: Bytes the live tensors asked for, before the allocator rounded each block up.
     requested: int | None = None
+    #: Device-wide memory in use, every process included, per NVML.
     device_used: int | None = None
+    #: Device-wide free memory per NVML.
     device_free: int | None = None
+    #: Memory the driver keeps for itself per NVML, when it says.
     driver_reserved: int | None = None
+    #: The processes NVML lists on the device; ``None`` where it cannot list them.
     processes: tuple[ProcessMemory, ...] | None = None
+    #: This process's id (to find it in ``processes``).
     pid: int = 0
+    #: What is approximate or missing for this device, and why (one sentence each).
     notes: tuple[str, ...] = ()
 
     @property
@@ -139,9 +164,13 @@ class DeviceMemory:
 class Released:
     """What ``--gc`` / ``--empty-cache`` gave back on one device."""
 
+    #: The device's index.
     index: int
+    #: Bytes of tensors ``gc.collect()`` freed (``--gc``).
     gc_freed: int | None = None
+    #: Bytes ``torch.cuda.empty_cache()`` gave back to the driver (``--empty-cache``).
     cache_released: int | None = None
+    #: How much less this process holds on the device per NVML afterwards.
     process_released: int | None = None
 
 
@@ -149,15 +178,26 @@ class Released:
 class MemoryReport:
     """``%gpumem``: the devices, optionally who holds the memory and what was released."""
 
+    #: The one-line summary the output starts with.
     summary: str
+    #: One entry per device shown.
     devices: tuple[DeviceMemory, ...] = ()
+    #: With ``--top``: the live CUDA tensors and the names that reach them.
     scan: HolderScan | None = None
+    #: How many of the largest holders to show (``--top``; 0: none).
     top: int = 0
+    #: With ``--top``: per device, (index, bytes allocated that no name reaches: autograd
+    #: graphs, closures, library workspaces, caches).
     unreachable: tuple[tuple[int, int], ...] = ()
+    #: With ``--gc`` or ``--empty-cache``: what each device gave back.
     released: tuple[Released, ...] = ()
+    #: With ``--gc``: how many objects ``gc.collect()`` collected.
     gc_objects: int | None = None
+    #: The devices whose peak counters gpumagic reset, and when.
     peak_resets: tuple[PeakReset, ...] = ()
+    #: What the report could not read, or reads approximately, and why.
     notes: tuple[str, ...] = ()
+    #: Why no device could be read (no CUDA build, no driver), else ``None``.
     unavailable: str | None = None
 
 

@@ -55,14 +55,25 @@ def cell_peak(
 class CellDeviceChange:
     """What one cell did to one device's memory."""
 
+    #: The device's index.
     index: int
+    #: The device's name.
     name: str
+    #: The allocator's counters when the cell started.
     start: AllocatorStats
+    #: The allocator's counters when it ended.
     end: AllocatorStats
+    #: The cell's exact peak of allocated bytes, where the counter could be read for the
+    #: cell alone; else ``None``.
     peak: int | None
+    #: With ``--keep-peak``: an upper bound of the cell's peak (the counter kept the peak
+    #: from before the cell).
     peak_upper: int | None = None
+    #: The reset of the device's peak counter this cell needed, if any.
     reset: PeakReset | None = None
+    #: This process's memory on the device per NVML when the cell started.
     process_start: int | None = None
+    #: The same when it ended.
     process_end: int | None = None
 
     @property
@@ -107,12 +118,21 @@ class CellDeviceChange:
 class CellMemoryReport:
     """``%%gpumem`` and ``%gpumem watch``: one cell's effect on GPU memory."""
 
+    #: The cell as the output names it.
     label: str
+    #: One entry per device the cell could change.
     changes: tuple[CellDeviceChange, ...] = ()
+    #: With ``--trace``: the lines that allocated what the cell left allocated, largest
+    #: first.
     trace: tuple[TraceLine, ...] | None = None
+    #: With ``--timeline``: the memory over the cell, one per device.
     timelines: tuple[Timeline, ...] | None = None
+    #: Whether the cell was the first CUDA work of the process (its context is in the
+    #: figures).
     initialized_by_cell: bool = False
+    #: What is approximate or missing, and why (one sentence each).
     notes: tuple[str, ...] = ()
+    #: Why nothing could be measured (no CUDA), else ``None``.
     unavailable: str | None = None
 
     @property
@@ -141,6 +161,10 @@ class CellMeter:
     keep_peak: bool = False
     trace: bool = False
     timeline: bool = False
+    #: ``--snapshot``: record as ``timeline`` does, and keep the allocator's snapshot
+    #: taken after the cell in :attr:`snapshot`.
+    keep_snapshot: bool = False
+    snapshot: dict[str, Any] | None = None
     pid: int = field(default_factory=os.getpid)
     _start: dict[int, AllocatorStats] = field(default_factory=dict)
     _process: dict[int, int | None] = field(default_factory=dict)
@@ -154,7 +178,7 @@ class CellMeter:
     def start(self) -> None:
         """Read the counters (and reset peaks where needed) just before the cell."""
         self._initialized = cuda.is_initialized()
-        if self.trace or self.timeline:
+        if self.trace or self.timeline or self.keep_snapshot:
             self._start_history()
         for device in self.devices:
             counters = cuda.allocator_stats(device.index)
@@ -165,15 +189,14 @@ class CellMeter:
             self._start[device.index] = counters
 
     def _options(self) -> str:
-        return " and ".join(
-            name for name, on in (("--trace", self.trace), ("--timeline", self.timeline)) if on
-        )
+        asked = (("--trace", self.trace), ("--timeline", self.timeline))
+        return " and ".join(n for n, on in (*asked, ("--snapshot", self.keep_snapshot)) if on)
 
     def _start_history(self) -> None:
         options = self._options()
         self._start_us = time.time_ns() // 1000
         try:
-            if self.timeline:
+            if self.timeline or self.keep_snapshot:
                 # One stack per allocation, none per free; a free is kept once (when
                 # the allocated bytes drop), not again when its block is reusable.
                 self._recording = cuda.start_memory_history(
@@ -235,8 +258,10 @@ class CellMeter:
         notes = list(self._notes)
         snapshot: dict[str, Any] = {}
         try:
-            if self.trace or self.timeline:
+            if self.trace or self.timeline or self.keep_snapshot:
                 snapshot = cuda.memory_snapshot()
+            if self.keep_snapshot:
+                self.snapshot = snapshot
             if self.trace:
                 blocks = blocks_from_segments(
                     snapshot.get("segments") or (), {d.index for d in self.devices}

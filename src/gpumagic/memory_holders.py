@@ -29,21 +29,35 @@ WALK_MAX_DEPTH = 24
 class Holder:
     """One live storage and the names that reach it (views of it included)."""
 
+    #: The names that reach the storage (``model.fc.weight``,
+    #: ``opt.state[model.fc.weight]['exp_avg']``), at most a few.
     names: tuple[str, ...]
+    #: The storage's size in bytes.
     nbytes: int
+    #: Where it lives (``"cuda:0"``).
     device: str
+    #: The shape of the first tensor found on it.
     shape: tuple[int, ...]
+    #: Its dtype (``"float32"``).
     dtype: str
+    #: How many tensors (views included) share the storage.
     tensors: int = 1
+    #: How many more names reach it than ``names`` shows.
     more_names: int = 0
+    #: The storage's ``(device, address)``: where a memory snapshot names its block's holder.
+    storage: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
 class HolderScan:
     """The result of walking the user's names: storages, largest first."""
 
+    #: The storages found, largest first.
     holders: tuple[Holder, ...]
+    #: How many objects the walk visited.
     visited: int
+    #: Whether the walk stopped at its limit before it had visited everything (some names
+    #: may be missing).
     truncated: bool
 
     def reachable(self, device: str) -> int:
@@ -305,6 +319,7 @@ class _Walk:
             dtype=facts.dtype,
             tensors=len(oids),
             more_names=max(0, len(unique) - self.max_names),
+            storage=facts.storage,
         )
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import linecache
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from IPython import display as _display
@@ -21,6 +22,7 @@ from gpumagic import cuda, memory, memory_cell, memory_holders, memory_text
 from gpumagic.cell_code import cell_number, cell_syntax_error, file_source, run_cell_body
 from gpumagic.devices import DeviceSpec, DeviceSpecError, parse_device_spec, pick_devices
 from gpumagic.memory_result import CellMemResult, GpuMemResult
+from gpumagic.memory_snapshot import write_cell_snapshot
 from gpumagic.stacks import FrameFilter
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class _GpuMemCall:
     trace: bool
     timeline: bool
     output: bool  # -o
+    snapshot: str | None = None
 
 
 def _parse_call(args: Any, cell: str | None) -> _GpuMemCall:
@@ -81,11 +84,13 @@ def _parse_call(args: Any, cell: str | None) -> _GpuMemCall:
         trace=args.trace,
         timeline=args.timeline,
         output=args.return_result,
+        snapshot=args.snapshot,
     )
 
 
 def _check_line(args: Any) -> None:
-    for option, on in (("--trace", args.trace), ("--timeline", args.timeline)):
+    cell_options = (("--trace", args.trace), ("--timeline", args.timeline))
+    for option, on in (*cell_options, ("--snapshot", args.snapshot is not None)):
         if on:
             raise UsageError(
                 f"{option} is an option of the cell magic: put %%gpumem {option} "
@@ -116,7 +121,7 @@ def _check_cell(args: Any) -> None:
     if misplaced:
         what = "is an option" if len(misplaced) == 1 else "are options"
         raise UsageError(
-            "%%gpumem takes --trace, --timeline, --keep-peak, --device and -o; "
+            "%%gpumem takes --trace, --timeline, --snapshot, --keep-peak, --device and -o; "
             f"{', '.join(misplaced)} {what} of the line magic %gpumem"
         )
 
@@ -212,6 +217,14 @@ class GpuMemMagics(Magics):
         "a one-line sparkline and that table. -o gives the data (to_dict()['timeline']).",
     )
     @argument(
+        "--snapshot",
+        metavar="FILE",
+        help="%%%%gpumem only: write torch's memory snapshot after the cell to FILE (the "
+        "pickle https://pytorch.org/memory_viz opens; allocations recorded during the "
+        "cell), each live block named by the variables that hold it, and FILE with .json "
+        "for tools.",
+    )
+    @argument(
         "--keep-peak",
         action="store_true",
         help="%%%%gpumem and watch: never reset the allocator's peak counters; when your "
@@ -240,7 +253,8 @@ class GpuMemMagics(Magics):
         earlier, higher peak would hide the cell's; the report then says so
         (``--keep-peak`` never resets). ``--trace`` adds the lines that allocated what
         is still alive at the end; ``--timeline`` draws the memory over the cell with
-        the lines behind its peak.
+        the lines behind its peak; ``--snapshot FILE`` writes torch's memory snapshot
+        for https://pytorch.org/memory_viz, each block named by the variables holding it.
 
         ``%gpumem watch`` prints one such line after every cell; ``%gpumem off`` stops.
 
@@ -258,6 +272,9 @@ class GpuMemMagics(Magics):
             %%gpumem --timeline
             loss = model(x).sum()
             loss.backward()
+
+            %%gpumem --snapshot step.pickle
+            loss = model(x).sum()
         """
         call = _parse_call(parse_argstring(self.gpumem, line), cell)
         try:
@@ -325,7 +342,12 @@ class GpuMemMagics(Magics):
             return CellMemResult(report), None
         devices = self._devices(status, call.device)
         meter = memory_cell.CellMeter(
-            devices, label, keep_peak=call.keep_peak, trace=call.trace, timeline=call.timeline
+            devices,
+            label,
+            keep_peak=call.keep_peak,
+            trace=call.trace,
+            timeline=call.timeline,
+            keep_snapshot=call.snapshot is not None,
         )
         files_before = set(linecache.cache) if call.trace or call.timeline else set()
         meter.start()
@@ -349,7 +371,22 @@ class GpuMemMagics(Magics):
                 source=_source,
             )
             self._remember(meter.resets)
+            if call.snapshot is not None and meter.snapshot is not None:
+                report = self._write_snapshot(call.snapshot, meter.snapshot, report)
         return CellMemResult(report), failure
+
+    def _write_snapshot(
+        self, file: str, snapshot: dict[str, Any], report: memory_cell.CellMemoryReport
+    ) -> memory_cell.CellMemoryReport:
+        roots = memory_holders.namespace_roots(self._shell.user_ns, self._shell.user_ns_hidden)
+        scan = memory_holders.find_holders(roots, keep=lambda facts: facts.device != "cpu")
+        try:
+            path = write_cell_snapshot(Path(file), snapshot, scan, report.label)
+        except OSError as exc:
+            note = f"--snapshot: could not write {file}: {exc}"
+        else:
+            note = f"memory snapshot written to {path} (open it at https://pytorch.org/memory_viz)"
+        return replace(report, notes=(*report.notes, note))
 
     def _where(self, filename: str, line: int) -> str:
         named = self._shell.compile.format_code_name(filename)

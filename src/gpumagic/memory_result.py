@@ -205,6 +205,7 @@ class GpuMemResult:
     """What ``%gpumem -o`` returns: the figures of each device, and with ``--top`` the
     largest live CUDA tensors with the names that reach them."""
 
+    #: What was read: every device's figures, the holders, what was released.
     report: memory.MemoryReport
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,6 +268,7 @@ class CellMemResult:
     with ``--timeline`` the memory over the cell (``to_dict()["timeline"]``: one entry
     per device, see :meth:`~gpumagic.memory_timeline.Timeline.to_dict`)."""
 
+    #: What the cell did: per device, the trace and the timelines.
     report: memory_cell.CellMemoryReport
 
     def to_dict(self) -> dict[str, Any]:

@@ -63,13 +63,21 @@ class Timeline:
     at the end of the cell and its start is missing.
     """
 
+    #: The device's index.
     device: int
+    #: Bytes the live tensors asked for after each event (point 0: the cell's start).
     allocated: tuple[int, ...]
+    #: Bytes torch's allocator held after each event.
     reserved: tuple[int, ...]
+    #: When each event happened, in µs since the epoch (point 0: the cell's start).
     times_us: tuple[int, ...]
+    #: The point of the peak in ``allocated``.
     peak_index: int
+    #: What was live at the peak and allocated during the cell, by line, largest first.
     at_peak: tuple[TraceLine, ...]
+    #: Bytes live at the peak that were allocated before the cell.
     before_cell: int
+    #: ``False`` when the event ring lost the cell's first events: the series starts late.
     complete: bool = True
 
     @property
@@ -195,8 +203,11 @@ class Band:
     """One part of the memory live at the peak: a line, the other lines folded, or what
     was allocated before the cell."""
 
+    #: The line (``file:line``), the folded lines, or what was allocated before the cell.
     label: str
+    #: Its bytes at the peak.
     nbytes: int
+    #: The line's details (function, source), for a line's band.
     line: TraceLine | None = None
 
     @property

@@ -15,11 +15,15 @@ How a GPU measurement goes (``time_cuda``):
    records a second end event. When that device-wide end lands later than the stream's
    own end by more than the calibrated sync latency, the body left work on other
    streams and the device-wide span is used. Host wall time comes from the same runs.
-4. **Stop** once at least 7 runs have a relative IQR under 1 %, or at the time budget
-   (never fewer than 3 runs). Ctrl-C returns the runs measured so far.
+4. **Stop** once at least 7 runs have a relative IQR under 1 %, or at the time budget:
+   a run starts only before it is spent, so the measurement ends within the budget plus
+   one run (3 runs while they fit; one always). The budget's parts are
+   :mod:`gpumagic.timing_budget`'s. Ctrl-C returns the runs measured so far (in the
+   first run, the loops it finished, or the warm-up's last batch).
 5. Optional passes: ``--kernels``/``--validate`` (one run under torch.profiler: CUPTI
    kernel time, the busy fraction and the events/CUPTI ratio of the same loops) and
-   ``--sync-check`` (a few calls under ``set_sync_debug_mode("warn")``).
+   ``--sync-check`` (a few calls under ``set_sync_debug_mode("warn")``); then the
+   counting call, its time reserved in the budget before the runs.
 
 ``--graph`` captures the body (unrolled) in a CUDA graph and times replays; ``--cold``
 times single calls, each after an L2 flush that runs before the start event.
@@ -28,7 +32,6 @@ times single calls, each after an L2 flush that runs before the start event.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -36,7 +39,7 @@ from gpumagic import cuda
 from gpumagic.cuda_errors import error_hint
 from gpumagic.devices import DeviceSpec, pick_devices
 from gpumagic.timing_passes import Setup
-from gpumagic.timing_plan import Body, TimingOptions, verdict
+from gpumagic.timing_plan import Body, Loops, TimingOptions, verdict
 from gpumagic.timing_runs import Timer
 
 if TYPE_CHECKING:
@@ -58,11 +61,11 @@ __all__ = [
 def loop(fn: Callable[[], object]) -> Body:
     """Turn a zero-argument callable into a :class:`Body`."""
 
-    def run(n: int) -> None:
-        for _ in itertools.repeat(None, n):
+    def each(items: Iterator[None]) -> None:
+        for _ in items:
             fn()
 
-    return run
+    return Loops(each)
 
 
 def check_device(options: TimingOptions) -> None:
@@ -101,13 +104,15 @@ def time_cuda(
     code_files: Iterable[str] = (),
     compile_time: float = 0.0,
     takes_count: bool | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> CudaTimeResult:
     """Time ``body`` on the GPU (or on the host when there is none) and return the result.
 
     ``body`` is either a :class:`Body` (``body(n)`` runs ``n`` calls; ``%cudatime``
     compiles the cell into one) or, with ``takes_count=False``, a zero-argument callable.
     ``code_files`` are the file names the body's code was compiled under, so
-    ``--sync-check`` can name its lines; ``compile_time`` is reported as it is.
+    ``--sync-check`` can name its lines; ``compile_time`` is reported as it is; ``say``
+    is given one line before runs expected to last long past the budget (a huge ``-n``).
     Exceptions raised by the body propagate (CUDA errors with a note on what to do);
     global state is restored on every path.
     """
@@ -119,6 +124,7 @@ def time_cuda(
         code_files=tuple(code_files),
         compile_time=compile_time,
         clock=time.perf_counter,
+        say=say,
     )
     timer = Timer(setup)
     status = cuda.status()

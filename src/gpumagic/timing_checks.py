@@ -10,8 +10,9 @@ carries them and shows these sentences.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from gpumagic.noise import RatioInterval, ratio_interval
 from gpumagic.units import format_bytes, format_time, quantile
 
 if TYPE_CHECKING:
@@ -22,8 +23,10 @@ __all__ = [
     "BELOW_DEFAULT",
     "CLOCK_OUTLIER",
     "COLD_SAME",
+    "ColdReadings",
     "at_default_share",
     "clock_range",
+    "cold_interval",
     "cold_row",
     "cold_warning",
     "events_row",
@@ -60,7 +63,8 @@ BELOW_DEFAULT = 0.05
 #: A run whose clock is this far from the median clock is set apart (NVBench discards
 #: samples under 75 % of the default clock; a notebook's runs are fewer, so closer).
 CLOCK_OUTLIER = 0.10
-#: Cold over warm single calls under this: the flush made no difference worth the name.
+#: Cold over warm single calls under this: the flush made no difference worth the name
+#: (when the calls are too few for an interval: :func:`cold_interval`).
 COLD_SAME = 1.03
 #: Two passes whose median clocks differ by more than this ran at different clocks.
 PASS_CLOCKS = 0.02
@@ -236,17 +240,54 @@ def _minus() -> str:
     return "\u2212"
 
 
-def cold_row(
-    cold: float, warm: float | None, flush_bytes: int | None, l2_bytes: int | None, precision: int
-) -> tuple[str, str, str] | None:
-    """The ``L2 check`` row of ``--cold``: cold over warm single calls of the same body,
-    and the bytes flushed against the L2 cache's size."""
+def cold_interval(cold_runs: Sequence[float], warm_runs: Sequence[float]) -> RatioInterval | None:
+    """The interval for cold over warm single calls (:func:`gpumagic.noise.ratio_interval`),
+    ``None`` when either side has no usable run."""
+    cold = [t for t in cold_runs if t > 0 and math.isfinite(t)]
+    warm = [t for t in warm_runs if t > 0 and math.isfinite(t)]
+    return ratio_interval(cold, warm) if cold and warm else None
+
+
+class ColdReadings(Protocol):
+    """What the ``L2 check`` row reads of a ``--cold`` result
+    (:class:`~gpumagic.timing_result.CudaTimeResult` has it)."""
+
+    @property
+    def median(self) -> float: ...
+    @property
+    def timings(self) -> list[float]: ...
+    @property
+    def cold_warm_time(self) -> float | None: ...
+    @property
+    def cold_warm_timings(self) -> list[float]: ...
+    @property
+    def flush_bytes(self) -> int | None: ...
+    @property
+    def l2_bytes(self) -> int | None: ...
+    @property
+    def precision(self) -> int: ...
+
+
+def cold_row(result: ColdReadings) -> tuple[str, str, str] | None:
+    """The ``L2 check`` row of ``--cold``: cold over warm single calls of the same body
+    with its interval (``"no difference within the noise"`` where it holds 1), and the
+    bytes flushed against the L2 cache's size."""
+    warm, flush_bytes, l2_bytes = result.cold_warm_time, result.flush_bytes, result.l2_bytes
     if warm is None and flush_bytes is None:
         return None
-    value = f"cold {cold / warm:.2f}\u00d7 warm" if warm and warm > 0 else "warm not measured"
+    value = "warm not measured"
     parts = []
     if warm and warm > 0:
-        parts.append(f"warm single calls {format_time(warm, precision)}")
+        value = f"cold {result.median / warm:.2f}\u00d7 warm"
+        interval = cold_interval(result.timings, result.cold_warm_timings)
+        if interval is not None and interval.bounded:
+            level = f"{interval.level * 100:.0f} %"
+            value = (
+                f"no difference within the noise ({interval.text()}, {level})"
+                if interval.holds_one
+                else f"{value} ({interval.text()}, {level})"
+            )
+        parts.append(f"warm single calls {format_time(warm, result.precision)}")
     if flush_bytes:
         flushed = f"{format_bytes(flush_bytes)} overwritten before each call"
         if l2_bytes:
@@ -255,15 +296,25 @@ def cold_row(
     return ("L2 check", value, " · ".join(parts))
 
 
-def cold_warning(cold: float, warm: float | None) -> str | None:
-    """A warning when cold and warm single calls agree: the flush changed nothing."""
+def cold_warning(
+    cold: float, warm: float | None, interval: RatioInterval | None = None
+) -> str | None:
+    """A warning when cold and warm single calls agree: the flush changed nothing. With
+    an ``interval`` (runs enough for one), they agree when it holds 1; else when their
+    ratio is under :data:`COLD_SAME`."""
     if not warm or not warm > 0 or not math.isfinite(cold):
         return None
     ratio = cold / warm
-    if ratio >= COLD_SAME:
+    if interval is not None and interval.bounded:
+        if not interval.holds_one:
+            return None
+        said = f"do not differ within the noise ({ratio:.2f}\u00d7, {interval.text()})"
+    elif ratio >= COLD_SAME:
         return None
+    else:
+        said = f"agree ({ratio:.2f}\u00d7)"
     return (
-        f"--cold: cold and warm single calls agree ({ratio:.2f}\u00d7): the flush changed "
+        f"--cold: cold and warm single calls {said}: the flush changed "
         "nothing measurable; the body's data may not stay in L2 between calls anyway "
         "(larger than L2), the body may be compute-bound, or its data never left L2"
     )

@@ -137,6 +137,7 @@ class Comparison:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``{"rows": [...]}``, each row's fields by name."""
         return {"rows": [asdict(r) for r in self.rows]}
 
 

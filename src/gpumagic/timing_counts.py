@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from gpumagic.timing_plan import TimingOptions
     from gpumagic.timing_result import CudaTimeResult
 
-__all__ = ["SETUP_NOTE", "count_work", "set_peaks"]
+__all__ = ["SETUP_NOTE", "count_work", "counting_asked", "set_peaks"]
 
 NOT_COUNTED_SHOWN = 8  # op names shown in the note; the rest are in result.not_counted
 
@@ -42,6 +42,12 @@ def set_peaks(result: CudaTimeResult, hardware_bandwidth: float | None) -> None:
     result.peak_source = peaks.source
 
 
+def counting_asked(options: TimingOptions) -> bool:
+    """Whether the options leave a figure to count: no ``--no-count``, and ``--flops``
+    and ``--bytes`` not both given."""
+    return options.count and (options.flops is None or options.bytes is None)
+
+
 def count_work(
     call: Callable[[], object], result: CudaTimeResult, options: TimingOptions
 ) -> tuple[list[str], list[str]]:
@@ -51,7 +57,7 @@ def count_work(
     Runs nothing with ``--no-count``, when both figures were given, or when torch was
     never imported; a body that ran no torch op leaves the result as it was.
     """
-    if not options.count or (options.flops is not None and options.bytes is not None):
+    if not counting_asked(options):
         return [], []
     try:
         counts = cuda.count_ops(call)

@@ -8,8 +8,8 @@ and displays the result.
 from __future__ import annotations
 
 import ast
+import functools
 import io
-import itertools
 import keyword
 import re
 import time
@@ -39,11 +39,12 @@ from gpumagic.timing import (
     wait_for_setup,
 )
 from gpumagic.timing_counts import SETUP_NOTE
+from gpumagic.timing_plan import Loops
 from gpumagic.units import parse_amount
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from types import CodeType
 
     from gpumagic.timing import Body
@@ -107,8 +108,9 @@ class CudaTimeMagics(Magics):
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="time for warm-up and runs, after the first call (default: 1); at least 3 "
-        "runs are made, however long",
+        help="time for warm-up, runs and the counting call, after the first call "
+        "(default: 1); a run starts only while it lasts, so the call ends within it and "
+        "one run",
     )
     @argument(
         "-p",
@@ -222,11 +224,15 @@ class CudaTimeMagics(Magics):
         loops, each run bracketed by CUDA events and closed by a synchronize of every
         device with a context (work on side streams counts). It warms up until steady,
         reports the first call separately, and stops when the spread of the runs is
-        below 1 % of their median or the budget is spent. Ctrl-C returns what was
-        measured so far. Then one more call, outside every timed number, counts the
-        FLOPs (torch's FlopCounterMode) and the bytes each op reads and writes, for
-        FLOP/s, B/s, % of the device's peak and a roofline verdict (--no-count skips
-        it; --flops and --bytes set the figures instead). Without a GPU it times on
+        below 1 % of their median or the budget is spent (a run starts only before it
+        is: the call ends within the budget and one run). Before runs that will last
+        long past the budget (a huge -n) it says about how long. Ctrl-C returns what was
+        measured so far, in the first run the loops it finished. Then one more call,
+        outside every timed number and within the budget, counts the FLOPs (torch's
+        FlopCounterMode) and the bytes each op reads and writes, for FLOP/s, B/s, % of
+        the device's peak and a roofline verdict (--no-count skips it; --flops and
+        --bytes set the figures instead; a call too long for the budget is not
+        counted, and a note says so). Without a GPU it times on
         the host like %timeit and says so. A note already shown in this session is not
         shown again. Names assigned in the body stay local to it, as with %timeit.
 
@@ -291,6 +297,7 @@ class CudaTimeMagics(Magics):
                 label=_label(call.body),
                 code_files=(filename,),
                 compile_time=compiled.compile_time,
+                say=None if call.quiet else functools.partial(_say, call.magic),
             )
         except BaseException as exc:  # Ctrl-C too: shown from the user's code on
             show_from(exc, filename, shell)
@@ -340,12 +347,8 @@ class CudaTimeMagics(Magics):
         namespace: dict[str, Any] = {}
         scope = shell.user_ns if not local_ns else {**shell.user_ns, **local_ns}
         exec(compile_source(shell, template, filename, "exec"), scope, namespace)
-        inner = namespace["__cudatime_body"]
-
-        def run(n: int) -> None:
-            inner(itertools.repeat(None, n))
-
-        return run
+        each: Callable[[Iterator[None]], object] = namespace["__cudatime_body"]
+        return Loops(each)
 
 
 @dataclass(frozen=True)
@@ -515,6 +518,11 @@ def _options(args: argparse.Namespace) -> TimingOptions:
         )
     except ValueError as exc:
         raise UsageError(f"%cudatime: {exc}") from None
+
+
+def _say(magic: str, text: str) -> None:
+    """A line before a long wait, shown at once (the result comes after it)."""
+    print(f"{magic}: {text}", flush=True)
 
 
 def _label(body: str) -> str:

@@ -1,7 +1,7 @@
 """What a ``%cudatime`` measurement is given and reports, and the passes around its
 runs: the SM clock read after each run (and runs set apart by it), the CUPTI kernel
 pass (``--kernels``, ``--validate``, and ``--timer cupti``'s headline), ``--sync-check``
-and the counting call.
+and the counting call (planned before the runs, in the budget: :mod:`gpumagic.timing_budget`).
 
 :class:`Passes` is the part of :class:`~gpumagic.timing_runs.Timer` that works on a
 finished set of runs. CUDA only through :mod:`gpumagic.cuda`; no IPython.
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from gpumagic import cuda
 from gpumagic import timing_checks as checks
 from gpumagic.stacks import FrameFilter
-from gpumagic.timing_counts import count_work, set_peaks
+from gpumagic.timing_budget import count_estimate, count_reserve, count_skipped
+from gpumagic.timing_counts import count_work, counting_asked, set_peaks
 from gpumagic.timing_plan import FEWEST_RUNS, Body, Run, TimingOptions
 from gpumagic.timing_result import CudaTimeResult, KernelStat, SyncSite
 
@@ -47,6 +48,8 @@ class Setup:
     code_files: tuple[str, ...]
     compile_time: float
     clock: Callable[[], float]
+    #: Where to say something before a long wait (``None``: nowhere).
+    say: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -59,9 +62,11 @@ class Report:
     not_applied: list[str] = field(default_factory=list)
     interrupted: bool = False
 
-    def interrupt(self, where: str) -> None:
+    def interrupt(self, where: str, what: str = "these are the results so far") -> None:
+        """Ctrl-C ended the measurement ``where``: the first warning says so, and
+        ``what`` the numbers are."""
         self.interrupted = True
-        self.warnings.append(f"interrupted (Ctrl-C) {where}: these are the results so far")
+        self.warnings.insert(0, f"interrupted (Ctrl-C) {where}" + (f": {what}" if what else ""))
 
 
 class Passes:
@@ -77,6 +82,13 @@ class Passes:
     #: Whether to read the SM clock after each run (GPU timing, while NVML answers).
     read_clocks: bool = False
     default_mhz: int | None = None
+    #: The counting call: the seconds reserved for it before the runs, those the
+    #: counters' set-up took (before the runs where it was planned) and all it took,
+    #: and why it was left out.
+    count_reserve: float = 0.0
+    count_setup: float = 0.0
+    count_spent: float = 0.0
+    count_left_out: str = ""
 
     if TYPE_CHECKING:
 
@@ -171,6 +183,8 @@ class Passes:
         made them the headline's runs."""
         options = self.options
         headline = None
+        if self.report.interrupted:
+            return None  # Ctrl-C in the runs: nothing more is run
         try:
             if options.kernels or options.validate or options.timer == "cupti":
                 headline = self._kernel_pass(result, measure, loops, unroll, flushes)
@@ -280,13 +294,47 @@ class Passes:
         result.floor = None  # CUPTI times kernels: no empty-run floor
         return done
 
+    def _counting(self) -> bool:
+        """Whether a count is asked for and can find anything (torch was imported)."""
+        return counting_asked(self.options) and cuda.can_count()
+
+    def _plan_count(self, per_loop: float) -> None:
+        """Before the runs, from the warm-up's ``per_loop``: when the counting call looks
+        like it fits its share of the budget, the counters loaded (the first count of a
+        process imports several hundred modules: timed, in the budget) and the call's
+        time reserved from the runs'. :meth:`_count` decides again on the runs."""
+        budget = self.options.budget
+        estimate = count_estimate(per_loop)
+        if self._counting() and not count_skipped(estimate, budget):
+            self._load_counters()
+            self.count_reserve = count_reserve(estimate, budget)
+
+    def _load_counters(self) -> None:
+        t0 = self.setup.clock()
+        if cuda.load_counters():
+            self.count_setup = self.setup.clock() - t0
+            self.count_spent += self.count_setup
+
     def _count(self, result: CudaTimeResult) -> None:
-        """The counting pass: one more call, after every timed one (outside them all)."""
-        warnings, notes = count_work(lambda: self.call(1), result, self.options)
-        if warnings:
-            self.body_error = None  # reported here, not raised
-        if self.devices:
-            cuda.synchronize(self.devices)
+        """The counting call: one more call, after every timed one (outside them all),
+        in the budget; left out, and a note says so, when the runs' median says it does
+        not fit (the warm-up's estimate can be far off on a loaded machine)."""
+        if not self._counting():
+            return
+        self.count_left_out = count_skipped(count_estimate(result.host_time), self.options.budget)
+        if self.count_left_out:
+            self.report.notes.append(self.count_left_out + ".")
+            return
+        self._load_counters()
+        t0 = self.setup.clock()
+        try:
+            warnings, notes = count_work(lambda: self.call(1), result, self.options)
+            if warnings:
+                self.body_error = None  # reported here, not raised
+            if self.devices:
+                cuda.synchronize(self.devices)
+        finally:
+            self.count_spent += self.setup.clock() - t0
         set_peaks(result, self.dram_peak)
         self.report.warnings.extend(warnings)
         self.report.notes.extend(notes)

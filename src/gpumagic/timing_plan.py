@@ -8,7 +8,9 @@ returns its decision, so each rule is tested on numbers alone.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -17,7 +19,7 @@ from gpumagic.timing_result import FIRST_CALL_WARNING, IQR_RUNS, TIMES
 from gpumagic.units import format_time, quantile
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from gpumagic.timing_result import CudaTimeResult
 
@@ -27,6 +29,7 @@ __all__ = [
     "MIN_RUNS",
     "TIMERS",
     "Body",
+    "Loops",
     "Run",
     "TimingOptions",
     "block_target",
@@ -44,7 +47,7 @@ SIDE_WORK_SHARE = 0.05  # ... and at least this share of the timed streams' time
 MIN_RUNS = 7  # runs before the noise criterion may stop a measurement (as %timeit's 7)
 MIN_COLD_RUNS = 15  # single cold calls vary more: more of them before the noise stop
 DRIFT = 0.05  # warn when the first run was this much faster than the later ones
-FEWEST_RUNS = 3  # runs measured even when the budget is spent
+FEWEST_RUNS = 3  # runs measured while they fit in the budget (one always is)
 NOISE_TARGET = 0.01  # stop when IQR / median of the runs is below this
 NOISE_CHECKS = 100  # runs after which the spread is checked every run; then less often
 COLD_NOISE_TARGET = 0.02  # single cold calls vary more
@@ -64,6 +67,27 @@ class Body(Protocol):
     """The timed code: ``body(n)`` runs it ``n`` times back to back."""
 
     def __call__(self, n: int, /) -> object: ...
+
+
+class Loops:
+    """A :class:`Body` from ``each``, a function that calls the body once for each item
+    of the iterator it is given (``%timeit``'s template): ``loops(n)`` gives it ``n``
+    items, and :meth:`started` says how many it took, so a run cut short by Ctrl-C
+    still says how many loops it made (the iterator counts them, at no cost per loop)."""
+
+    def __init__(self, each: Callable[[Iterator[None]], object]) -> None:
+        self._each = each
+        self._n = 0
+        self._left: Iterator[None] = iter(())
+
+    def __call__(self, n: int, /) -> None:
+        self._n = n
+        self._left = itertools.repeat(None, n)
+        self._each(self._left)
+
+    def started(self) -> int:
+        """Loops the last call started (the one Ctrl-C cut short among them)."""
+        return self._n - operator.length_hint(self._left)
 
 
 @dataclass(frozen=True)
@@ -223,12 +247,15 @@ def enough_runs(
     options: TimingOptions, values: Sequence[float], *, now: float, next_run: float, deadline: float
 ) -> bool:
     """Whether to stop after these runs (``values``: their primary clock): ``-r`` runs
-    done; or enough runs with a relative IQR under the noise target; or the next run
-    (taking ``next_run`` seconds from ``now``) would end after the ``deadline`` and the
+    done; or enough runs with a relative IQR under the noise target; or the ``deadline``
+    has passed (a run started before it was the last: the budget holds to one run); or
+    the next run (taking ``next_run`` seconds from ``now``) would end after it and the
     fewest runs are in."""
     count = len(values)
     if options.repeat is not None:
         return count >= options.repeat
+    if count and now >= deadline:
+        return True
     if count >= FEWEST_RUNS and now + next_run > deadline:
         return True
     noise = COLD_NOISE_TARGET if options.cold else NOISE_TARGET

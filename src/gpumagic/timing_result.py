@@ -14,13 +14,16 @@ import html
 import math
 import textwrap
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumagic import timing_brief as brief
 from gpumagic import timing_checks as checks
 from gpumagic.roofline import Roofline
 from gpumagic.timing_brief import IQR_RUNS
 from gpumagic.units import format_bytes, format_rate, format_time, quantile
+
+if TYPE_CHECKING:
+    from gpumagic.timing_budget import BudgetSpent
 
 __all__ = [
     "DASH",
@@ -34,8 +37,7 @@ __all__ = [
     "quantile",
 ]
 
-#: Properties :meth:`CudaTimeResult.to_dict` leaves out (an object, a rendering switch;
-#: ``gpu_times`` is ``timings`` on the GPU).
+#: Properties :meth:`CudaTimeResult.to_dict` leaves out (``gpu_times`` is ``timings``).
 _NOT_IN_DICT = ("gpu_times", "roofline", "brief")
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
@@ -173,14 +175,15 @@ class CudaTimeResult:
     flops_dtype: str = ""
     #: Ops that do arithmetic but have no FLOP formula in torch's counter.
     not_counted: list[str] = field(default_factory=list)
-    #: Seconds per loop that an empty run measures on this clock: times near it are
-    #: overhead.
+    #: Seconds per loop an empty run measures on this clock: times near it are overhead.
     floor: float | None = None
     #: Whether the GPU time runs to the devices' idle because the body left work on other
     #: streams.
     side_streams: bool = False
     #: Whether Ctrl-C ended the measurement early (the runs so far are kept).
     interrupted: bool = False
+    #: Where the time after the first call went, part by part of the budget.
+    budget_spent: BudgetSpent | None = None
     #: What may make the numbers misleading, one sentence each (``!`` lines).
     warnings: list[str] = field(default_factory=list)
     #: Options asked for and not applied, each as ``"--graph not used: needs CUDA"``
@@ -219,11 +222,11 @@ class CudaTimeResult:
     #: Runs set apart because their SM clock was far off the median clock:
     #: ``(seconds per loop, MHz)`` each (``--clock-outliers``).
     clock_outliers: list[tuple[float, int]] = field(default_factory=list)
-    #: Whether :attr:`clock_outliers` were left out of the numbers
-    #: (``--clock-outliers drop``).
+    #: Whether :attr:`clock_outliers` were left out (``--clock-outliers drop``).
     clock_outliers_dropped: bool = False
-    #: ``--cold``: seconds per loop of warm single calls of the same body (no flush),
-    #: for the L2 check.
+    #: ``--cold``: seconds per loop of each warm single call of the body (no flush).
+    cold_warm_timings: list[float] = field(default_factory=list)
+    #: ``--cold``: the median of :attr:`cold_warm_timings`, for the L2 check.
     cold_warm_time: float | None = None
     #: ``--cold``: bytes overwritten before each call.
     flush_bytes: int | None = None
@@ -464,9 +467,7 @@ class CudaTimeResult:
                 )
             )
         if self.mode.startswith("cold"):
-            cold = checks.cold_row(
-                self.median, self.cold_warm_time, self.flush_bytes, self.l2_bytes, self.precision
-            )
+            cold = checks.cold_row(self)
             if cold is not None:
                 out.append(cold)
         if self.verdict:

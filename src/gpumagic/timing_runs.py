@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from gpumagic import cuda
 from gpumagic import timing_checks as checks
 from gpumagic.gc_pause import paused_gc
+from gpumagic.timing_budget import WARMUP_SHARE, BudgetSpent, wait_note
 from gpumagic.timing_counts import set_peaks
 from gpumagic.timing_passes import Passes, Report, Setup
 from gpumagic.timing_plan import (
     FEWEST_RUNS,
-    MIN_RUNS,
     Body,
+    Loops,
     Run,
     block_target,
     enough_runs,
@@ -46,7 +47,6 @@ __all__ = ["Measured", "Timer"]
 # not: once torch.profiler has run in a process, launches are slower for a while, and
 # single cold calls of a 7 µs kernel measured 26 to 54 µs instead of 9.5 µs (H100).
 SPIN_US = 100.0
-WARMUP_SHARE = 0.25  # of the budget, at most, for warm-up
 STEADY = 0.10  # two warm-up batches this close count as steady
 MAX_RESIZES = 3  # times the runs may be resized when a run is far from the target length
 COLD_PASS_LOOPS = 20  # single cold calls profiled / sync-checked
@@ -78,8 +78,16 @@ class Timer(Passes):
         self.device = 0
         self.baseline_tail = 0.0
         self.floor = 0.0
-        self.began = 0.0
         self.dram_peak: float | None = None  # what the hardware reports
+        # The budget's clock: its start (the first call's end), when the runs kept began
+        # (warm-up and sizing before), and when they ended.
+        self.began = self.sized = self.ran = 0.0
+        self.per_loop = 0.0  # the warm-up's estimate, per loop of the body
+        self.count_before_runs = 0.0  # seconds of the counting call's set-up before them
+        # What Ctrl-C in the first run leaves: the loops that run finished, timed, and
+        # the last warm-up or sizing batch.
+        self.partial: Run | None = None
+        self.last_batch: Run | None = None
 
     # -- the body, and telling its exceptions from ours ---------------------------------
     def call(self, n: int) -> None:
@@ -114,12 +122,24 @@ class Timer(Passes):
         gc.disable()
         try:
             t0 = self.clock()
-            self.call(n)
+            try:
+                self.call(n)
+            except KeyboardInterrupt:
+                elapsed = self.clock() - t0
+                self._cut_short(math.nan, elapsed, elapsed)
+                raise
             elapsed = self.clock() - t0
         finally:
             if enabled:
                 gc.enable()
         return Run(n, math.nan, elapsed, elapsed)
+
+    def _cut_short(self, gpu: float, host: float, enqueue: float, tail: float = 0.0) -> None:
+        """Keep what a run of the body cut short by Ctrl-C measured: the loops it
+        finished (all it started but the one interrupted), when the body counts them."""
+        body = self.setup.body
+        if self.runner == self.call and isinstance(body, Loops) and body.started() > 1:
+            self.partial = Run(body.started() - 1, gpu, host, enqueue, tail)
 
     def _host(self, first_call: float | None) -> Measured:
         if first_call is None:
@@ -133,10 +153,12 @@ class Timer(Passes):
         runs = self._runs(self._host_run, loops, primary="host")
         result = self._result(runs, clock="host", mode="eager", first_call=first_call)
         try:
-            self._count(result)
+            if not self.report.interrupted:
+                self._count(result)
         except KeyboardInterrupt:
             self.report.interrupt("while counting FLOPs and bytes")
             result.interrupted = True
+        self._account(result, runs)
         return Measured(result, runs)
 
     def _host_floor(self) -> float:
@@ -199,6 +221,7 @@ class Timer(Passes):
         result = self._result(runs, clock="gpu", mode=mode, first_call=first_call)
         profiled = self._extra_passes(result, measure, loops, unroll)
         self._apply_clocks(result, runs, profiled)
+        self._account(result, runs)
         return Measured(result, runs)
 
     def _calibrate(self) -> None:
@@ -217,7 +240,15 @@ class Timer(Passes):
         starts = [cuda.record_event(d) for d in devices]
         with paused_gc():
             t0 = self.clock()
-            run(n)
+            try:
+                run(n)
+            except KeyboardInterrupt:
+                # The loops launched so far, to their end on the GPU (nothing else waits).
+                t_enqueued = self.clock()
+                ends, t_end, t1 = self._finish()
+                spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
+                self._cut_short(max(spans), t1 - t0, t_enqueued - t0, t1 - t_end)
+                raise
             t_enqueued = self.clock()
             ends, t_end, t1 = self._finish()
         spans = [cuda.elapsed_ms(s, e) / 1e3 for s, e in zip(starts, ends, strict=True)]
@@ -242,16 +273,21 @@ class Timer(Passes):
         if options.warmup is not None:
             if options.warmup:
                 self.call(options.warmup)
-            return measure(1).per_loop
+            self.last_batch = measure(1)
+            self.per_loop = self.last_batch.per_loop
+            return self.per_loop
         target = block_target(options.budget)
+        end = self.began + WARMUP_SHARE * options.budget  # warm-up and sizing's share
         n, previous, settled = 1, None, False
         start = self.clock()
         while True:
-            r = measure(n)
+            r = self.last_batch = measure(n)
             per = r.per_loop
             settled = previous is not None and abs(per - previous) <= STEADY * previous
             spent = self.clock() - start
-            if settled or spent >= WARMUP_SHARE * options.budget:
+            # No batch is started that could end past the share (a batch is at most
+            # twice as long as the last: doubled, or the same loops on a noisy machine).
+            if settled or self.clock() + 2 * r.host > end:
                 break
             previous = per
             if r.host < target / 2:  # batches grow until they are about a run long
@@ -262,12 +298,13 @@ class Timer(Passes):
                 f"changed by {abs(per - previous) / previous * 100:.0f} % between batches; "
                 "give it more with -w or --budget"
             )
+        self.per_loop = per
         return per
 
     def _loops(self, measure: Callable[[int], Run], unroll: int, per_loop: float | None) -> int:
         if per_loop is None:  # graph replays: time one replay for the estimate
             measure(unroll)
-            r = measure(unroll)
+            r = self.last_batch = measure(unroll)
             per_loop = max(r.host, r.gpu) / unroll
         loops, note = loops_for(self.options, per_loop, unroll)
         if note:
@@ -282,37 +319,38 @@ class Timer(Passes):
         unroll: int = 1,
         fixed: bool = False,
     ) -> list[Run]:
-        """Runs of ``loops`` loops until :func:`~gpumagic.timing_plan.enough_runs`.
+        """Runs of ``loops`` loops until :func:`~gpumagic.timing_plan.enough_runs`, after
+        the counting call is planned (its time reserved from the budget) and, before
+        runs that will last long past the budget, the wait is said.
 
         While ``-n`` is not given, a run far from the target length (the warm-up estimate
-        was off: the body was still getting faster, say) resizes the runs and starts over.
+        was off: the body was still getting faster, say) resizes the runs and starts
+        over, while the fewest runs of the target length still fit in the budget.
         """
         options = self.options
         runs: list[Run] = []
         values: list[float] = []  # the runs' primary clock, grown with them (not rebuilt)
-        deadline = self.began + options.budget
         target = block_target(options.budget)
         resizes = MAX_RESIZES if fixed or options.loops is not None else 0
-        kept_since = self.clock()  # the start of the runs kept (after the last resize)
+        self.sized = self.clock()
         try:
+            self._plan_count(self.per_loop)
+            self.count_before_runs = self.count_spent  # the counters' set-up, if made
+            deadline = self.began + options.budget - self.count_reserve
+            self.sized = self.clock()  # the start of the runs kept (after the last resize)
+            self._say_wait(loops, deadline)
             while True:
                 run = self._clocked(measure(loops))
-                # A resize starts the runs over: only while the fewest runs still fit, or
-                # when the fewest runs still to make at this length would take longer
-                # than starting over with runs of the target length.
-                room = self.clock() + FEWEST_RUNS * target <= deadline
-                left = max(0, FEWEST_RUNS - len(runs) - 1) * run.host
-                too_long = left > FEWEST_RUNS * target
                 if (
                     resizes < MAX_RESIZES
-                    and (room or too_long)
+                    and self.clock() + FEWEST_RUNS * target <= deadline
                     and self._off_target(run, target, unroll)
                 ):
                     resizes += 1
                     loops = max(unroll, round(target / run.per_loop / unroll) * unroll)
                     runs.clear()
                     values.clear()
-                    kept_since = self.clock()
+                    self.sized = self.clock()
                     continue
                 runs.append(run)
                 values.append(run.gpu if primary == "gpu" else run.host)
@@ -321,17 +359,58 @@ class Timer(Passes):
                 ):
                     break
         except KeyboardInterrupt:
-            if not runs:
+            if not self._interrupted(runs, loops):
                 raise
-            self.report.interrupt(f"after {len(runs)} run{'s' if len(runs) > 1 else ''}")
-        if options.repeat is None and len(runs) < MIN_RUNS and not self.report.interrupted:
-            before = kept_since - self.began
-            self.report.notes.append(
-                f"Only {len(runs)} runs fit in the budget of {options.budget:g} s (--budget): "
-                f"warm-up and sizing took {format_time(before)}, then a run took "
-                f"{format_time(quantile([r.host for r in runs], 0.5))}."
-            )
+        self.ran = self.clock()
         return runs
+
+    def _say_wait(self, loops: int, deadline: float) -> None:
+        """Say how long runs expected to last long past the budget will take."""
+        say, batch = self.setup.say, self.last_batch
+        if say is None or batch is None:
+            return
+        text = wait_note(batch.per_loop, loops, self.options.repeat, deadline - self.clock())
+        if text:
+            say(text)
+
+    def _interrupted(self, runs: list[Run], loops: int) -> bool:
+        """Ctrl-C in the runs: keep those made; in the first one, the loops it finished,
+        else the last warm-up or sizing batch if it had more. ``False``: nothing to keep."""
+        if runs:
+            self.report.interrupt(f"after {len(runs)} run{'s' if len(runs) > 1 else ''}")
+            return True
+        partial, batch = self.partial, self.last_batch
+        if partial is not None and (batch is None or partial.loops >= batch.loops):
+            runs.append(partial)
+            self.report.interrupt(f"after {partial.loops:,} of {loops:,} loops", "")
+        elif batch is not None:
+            runs.append(batch)
+            self.report.interrupt(
+                "before the first run ended",
+                f"timed over the warm-up's {batch.loops:,} loop{'s' if batch.loops > 1 else ''}",
+            )
+        else:
+            return False
+        return True
+
+    def _account(self, result: CudaTimeResult, runs: Sequence[Run]) -> None:
+        """Where the budget went, on the result, and the note that says it when it
+        matters (not after Ctrl-C: the user stopped it)."""
+        spent = BudgetSpent(
+            budget=self.options.budget,
+            warmup=max(0.0, self.sized - self.began - self.count_before_runs),
+            runs=self.ran - self.sized,
+            count=self.count_spent,
+            count_setup=self.count_setup,
+            count_skipped=self.count_left_out,
+        )
+        result.budget_spent = spent
+        if self.report.interrupted:
+            return
+        run_length = quantile([r.host for r in runs], 0.5)
+        note = spent.note(len(runs), run_length, runs_fixed=self.options.repeat is not None)
+        if note:
+            self.report.notes.append(note)
 
     @staticmethod
     def _off_target(run: Run, target: float, unroll: int) -> bool:
@@ -418,6 +497,7 @@ class Timer(Passes):
 
         profiled = self._extra_passes(result, profiled_measure, COLD_PASS_LOOPS, 1, flushes=True)
         self._apply_clocks(result, runs, profiled)
+        self._account(result, runs)
         return Measured(result, runs)
 
     def _cold_check(self, result: CudaTimeResult) -> None:
@@ -425,8 +505,10 @@ class Timer(Passes):
         the cold ones are but without the flush (the first, after a flush, left out)."""
         self._block(1)
         warm = [self._block(1).gpu for _ in range(COLD_CHECK_RUNS)]
+        result.cold_warm_timings = warm
         result.cold_warm_time = quantile(warm, 0.5)
-        warning = checks.cold_warning(result.median, result.cold_warm_time)
+        interval = checks.cold_interval(result.timings, warm)
+        warning = checks.cold_warning(result.median, result.cold_warm_time, interval)
         if warning:
             self.report.warnings.append(warning)
 

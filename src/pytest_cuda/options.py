@@ -25,6 +25,7 @@ __all__ = [
     "LEAK_MODE",
     "MARKER_LINES",
     "MODE_OPTIONS",
+    "OOM_ACTIONS",
     "POISON_ACTIONS",
     "SYNC_MODE",
     "SYNC_MODES",
@@ -34,6 +35,7 @@ __all__ = [
 ENV_DEVICES = "PYTEST_CUDA_DEVICES"
 SYNC_MODES = ("launch-blocking", "per-op")
 POISON_ACTIONS = ("continue", "stop", "skip")
+OOM_ACTIONS = ("fail", "skip")
 
 #: The plugin names of the opt-in modes, fixed: ``-p no:<name>`` switches one off
 #: (:data:`pytest_cuda.plugin.MODE_PLUGINS` registers each module under its name).
@@ -43,8 +45,7 @@ DISTRIBUTED_MODE = "pytest_cuda.distributed_plugin"
 
 #: The command-line options each mode serves, as ``(dest, flag)``. One given while its
 #: mode is switched off would do nothing: :mod:`pytest_cuda.settings` refuses it. The
-#: other options (devices, ``--cuda-require``) serve every mode; the multi-rank mode
-#: has none of its own (its marker asks for it).
+#: other options (devices, ``--cuda-require``) serve every mode.
 MODE_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
     LEAK_MODE: (
         ("cuda_leak_check", "--cuda-leak-check"),
@@ -53,13 +54,19 @@ MODE_OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("cuda_leak_reset_caches", "--cuda-leak-reset-caches"),
         ("cuda_leak_reruns", "--cuda-leak-reruns"),
         ("cuda_memory_report", "--cuda-memory-report"),
+        ("cuda_limit_memory", "--cuda-limit-memory"),
+        ("cuda_oom", "--cuda-oom"),
+        ("cuda_memory_snapshot", "--cuda-memory-snapshot"),
     ),
     SYNC_MODE: (
         ("cuda_sync", "--cuda-sync"),
         ("cuda_on_poison", "--cuda-on-poison"),
         ("cuda_rerun_blocking", "--cuda-rerun-blocking"),
     ),
-    DISTRIBUTED_MODE: (),
+    DISTRIBUTED_MODE: (
+        ("cuda_ranks", "--cuda-ranks"),
+        ("cuda_rank_logs", "--cuda-rank-logs"),
+    ),
 }
 
 CUDA_MARKER_DOC = (
@@ -80,6 +87,14 @@ CUDA_LEAK_CHECK_MARKER_DOC = (
     "skips the check (also under --cuda-leak-check)."
 )
 
+CUDA_LIMIT_MEMORY_MARKER_DOC = (
+    'cuda_limit_memory(size): fail the test when its peak CUDA memory (bytes or "512MiB", '
+    "this process's caching allocator, per device, what it held before the test "
+    "included) goes over size; the failure shows the peak, the limit and the largest "
+    "blocks alive at the peak with the lines that allocated them. Overrides "
+    "--cuda-limit-memory and the cuda_limit_memory ini value for the test."
+)
+
 CUDA_SYNC_MARKER_DOC = (
     "cuda_sync: synchronize after every torch operation of this test (as "
     "--cuda-sync=per-op does for every test), so an asynchronous CUDA error is raised "
@@ -95,8 +110,9 @@ CUDA_NO_SYNC_MARKER_DOC = (
 )
 
 CUDA_DISTRIBUTED_MARKER_DOC = (
-    'cuda_distributed(world_size=2, backend="nccl", timeout=60): run the test function '
-    "in world_size rank processes with the default torch.distributed process group "
+    'cuda_distributed(world_size=2, backend="nccl", timeout=60, fresh_group=False, '
+    "isolate=False): run the test function in world_size rank processes with the "
+    "default torch.distributed process group "
     "initialised; the ranks are kept warm and reused by the next test of the same "
     "world_size, backend and devices (fresh_group=True: a process group of its own; "
     "isolate=True: fresh processes of its own). On a GPU backend each rank gets its own "
@@ -112,6 +128,7 @@ CUDA_DISTRIBUTED_MARKER_DOC = (
 MARKER_LINES = (
     CUDA_MARKER_DOC,
     CUDA_LEAK_CHECK_MARKER_DOC,
+    CUDA_LIMIT_MEMORY_MARKER_DOC,
     CUDA_SYNC_MARKER_DOC,
     CUDA_NO_SYNC_MARKER_DOC,
     CUDA_DISTRIBUTED_MARKER_DOC,
@@ -135,6 +152,18 @@ def _test_count(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"takes a number of tests, 0 or more; got {text!r}")
+    return value
+
+
+def _memory_size(text: str) -> int:
+    from gpumagic.units import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a size above 0 bytes; got {text!r}")
     return value
 
 
@@ -276,6 +305,48 @@ def add_options(parser: Parser) -> None:
         "(resets the allocator's peak counters at the start of each test).",
     )
     group.addoption(
+        "--cuda-limit-memory",
+        dest="cuda_limit_memory",
+        type=_memory_size,
+        default=None,
+        metavar="SIZE",
+        help="fail every test whose peak CUDA memory on any of its devices goes over SIZE "
+        "(bytes or a size such as 8GiB; this process's caching allocator, what it held "
+        "before the test included; per rank in cuda_distributed tests). The failure shows "
+        "the peak and the largest blocks alive at it with their allocating lines "
+        "(allocation stacks are recorded). A cuda_limit_memory(size) marker overrides it "
+        "per test. Also ini cuda_limit_memory.",
+    )
+    parser.addini(
+        "cuda_limit_memory",
+        type="string",
+        default="",
+        help="default for --cuda-limit-memory (a size such as 8GiB; empty: no limit).",
+    )
+    group.addoption(
+        "--cuda-oom",
+        dest="cuda_oom",
+        choices=OOM_ACTIONS,
+        default=None,
+        help="what a test that runs out of CUDA memory (torch.OutOfMemoryError or a CUDA "
+        "allocation error) becomes. fail (default): a failure whose report adds what was "
+        "alive then (the largest blocks with their holders and lines), what other "
+        "processes held and the memory torch's allocator kept reserved but free; skip: a "
+        "skip that says so, for suites run on smaller GPUs. Either way the failure's "
+        "frames are cleared once it is reported, so the next test starts with the memory "
+        "back.",
+    )
+    group.addoption(
+        "--cuda-memory-snapshot",
+        dest="cuda_memory_snapshot",
+        metavar="DIR",
+        default=None,
+        help="write torch's memory snapshot (the pickle memory_viz opens, "
+        "https://pytorch.org/memory_viz) of each test that leaked, went over its memory "
+        "limit or ran out of memory to DIR, each live block's holder added to its stack, "
+        "with a JSON file beside it for tools.",
+    )
+    group.addoption(
         "--cuda-sync",
         dest="cuda_sync",
         choices=SYNC_MODES,
@@ -305,6 +376,25 @@ def add_options(parser: Parser) -> None:
         help="re-run each test that failed with a CUDA error once, alone, in a fresh "
         "process with CUDA_LAUNCH_BLOCKING=1, and add the line where it really failed "
         "to its report.",
+    )
+    group.addoption(
+        "--cuda-ranks",
+        dest="cuda_ranks",
+        choices=("env",),
+        default=None,
+        help="env: this pytest process is one rank of a run that torchrun, srun or mpirun "
+        "started (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or the Slurm and "
+        "Open MPI equivalents). Every rank collects the same tests; a "
+        "cuda_distributed(world_size=N) test runs on the first N ranks (each on its local "
+        "rank's device), an ordinary test on rank 0, which prints the one report.",
+    )
+    group.addoption(
+        "--cuda-rank-logs",
+        dest="cuda_rank_logs",
+        metavar="DIR",
+        default=None,
+        help="with --cuda-ranks=env, each rank but rank 0 writes its terminal output to "
+        "DIR/rank<N>.log (default: it prints nothing).",
     )
     group.addoption(
         "--cuda-internal-resume", dest="cuda_internal_resume", default=None, help=argparse.SUPPRESS

@@ -28,7 +28,7 @@ import pytest
 from pytest_cuda.collection import marker_names
 from pytest_cuda.distributed import plugin as distributed_plugin
 from pytest_cuda.distributed.ranks import MARKER as DISTRIBUTED
-from pytest_cuda.distributed.ranks import RANK_DEVICES
+from pytest_cuda.distributed.ranks import RANK_DEVICES, devices_needed, rank_devices
 from pytest_cuda.leaks import plugin as leak_plugin
 from pytest_cuda.options import (
     DISTRIBUTED_MODE,
@@ -136,6 +136,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKER_LINES:
         config.addinivalue_line("markers", line)
     settings = settings_of(config)  # built and checked now, if no mode has yet
+    if hasattr(config, "workerinput"):  # an xdist worker on another host pins itself
+        from pytest_cuda.xdist_pinning import pin_here
+
+        pin_here(config)
     if settings.resume_dir:  # a child of another session, whichever modes are on
         from pytest_cuda.child import run_as_child
 
@@ -240,7 +244,8 @@ def _check_before(item: pytest.Item) -> None:
     if reason is None:
         spec = _distributed_spec(item)
         if spec is not None and spec.uses_cuda:
-            item.stash[RANK_DEVICES] = tuple(d.index for d in run.devices[: spec.world_size])
+            selected = [d.index for d in run.devices]
+            item.stash[RANK_DEVICES] = rank_devices(item.config, spec, selected)
         return
     if (
         run.pin is not None
@@ -318,7 +323,7 @@ def cuda_requirement(item: pytest.Item) -> CudaRequirement | None:
     found = [parse_cuda_marker(mark.args, mark.kwargs) for mark in item.iter_markers("cuda")]
     spec = _distributed_spec(item)
     if spec is not None and spec.uses_cuda:
-        found.append(CudaRequirement(min_devices=spec.world_size))
+        found.append(CudaRequirement(min_devices=devices_needed(item.config, spec)))
     requirement = merge_requirements(found)
     if requirement is None and _our_device_fixtures(item):
         return CudaRequirement()

@@ -25,6 +25,7 @@ __all__ = [
     "distributing",
     "header_lines",
     "pinned_by",
+    "remote_only",
     "run_devices",
     "unavailable",
     "worker_plan",
@@ -74,6 +75,9 @@ def _discover(config: pytest.Config) -> RunDevices:
     if pin is not None:
         scope = f"owned by xdist worker {pin.worker} (--cuda-devices-per-worker={pin.per_worker})"
         return RunDevices(status, status.devices, scope, request, None, pin)
+    if remote_only(config):
+        # Its workers are on other hosts and pin themselves there: nothing to select here.
+        return RunDevices(status, (), "found by each worker on its own host", request, None, None)
     try:
         devices = select_devices(request, status) if request else status.devices
         plan = _plan(config, request, devices, status)
@@ -124,6 +128,21 @@ def distributing(config: pytest.Config) -> bool:
     return numprocesses in ("auto", "logical") or xdist_workers(config) > 0
 
 
+def remote_only(config: pytest.Config) -> bool:
+    """Whether every xdist worker of this run is on another host (``--tx ssh=…``)."""
+    if not distributing(config) or getattr(config.option, "numprocesses", None):
+        return False
+    specs = [str(spec) for spec in getattr(config.option, "tx", None) or ()]
+    return bool(specs) and not any(_local(spec) for spec in specs)
+
+
+def _local(tx: str) -> bool:
+    """Whether a ``--tx`` value (``2*popen//python=…``, ``ssh=host//…``) is local workers."""
+    times, star, rest = tx.partition("*")
+    spec = rest if star and times.isdigit() else tx
+    return any(part.partition("=")[0] == "popen" for part in spec.split("//"))
+
+
 def xdist_workers(config: pytest.Config) -> int:
     """How many xdist workers this run starts (0 when it does not distribute)."""
     if getattr(config.option, "dist", "no") == "no":
@@ -144,8 +163,14 @@ def header_lines(config: pytest.Config) -> list[str]:
     """Versions and the selected devices (one line without a GPU); no CUDA context."""
     run = run_devices(config)
     status = run.status
+    remote = []
+    if remote_only(config) and pinned_by(config) is not None:
+        remote.append(
+            f"cuda xdist workers: on other hosts, each pinned to its own host's devices "
+            f"({settings_of(config).devices_per_worker or 1} each), listed after the run"
+        )
     if not status.available:
-        return [f"cuda: {status.summary()}"]
+        return [f"cuda: {status.summary()}", *remote]
     versions = [f"torch {status.torch_version}", f"CUDA {status.cuda_version}"]
     if status.driver_version:
         versions.append(f"driver {status.driver_version}")
@@ -154,6 +179,7 @@ def header_lines(config: pytest.Config) -> list[str]:
     lines = [f"cuda: {', '.join(versions)}", f"cuda devices ({run.scope}):"]
     lines += [f"  cuda:{d.describe()}" for d in run.devices]
     workers = xdist_workers(config)
+    lines += remote
     if run.plan is not None and workers:
         lines.append(f"cuda xdist workers ({run.plan.per_worker} device(s) each):")
         lines += [f"  {line}" for line in run.plan.describe(workers)]

@@ -59,6 +59,15 @@ class Settings:
     leak_reruns: int
     #: ``--cuda-memory-report``.
     memory_report: int
+    #: ``--cuda-limit-memory``, else ini ``cuda_limit_memory``, in bytes; ``None``: no
+    #: limit but the tests' markers.
+    memory_limit: int | None
+    #: Where ``memory_limit`` comes from, as messages name it.
+    memory_limit_source: str
+    #: ``--cuda-oom``: ``fail`` (the default) or ``skip``.
+    oom: str
+    #: ``--cuda-memory-snapshot``, as given.
+    memory_snapshot: str | None
 
     #: ``--cuda-sync``.
     sync: str | None
@@ -66,6 +75,11 @@ class Settings:
     on_poison: str | None
     #: ``--cuda-rerun-blocking``.
     rerun_blocking: bool
+    #: ``--cuda-ranks``: ``env`` where a launcher started this process as one rank.
+    ranks: str | None
+    #: ``--cuda-rank-logs``: where the ranks but rank 0 write their terminal output.
+    rank_logs: str | None
+
     #: ``--cuda-internal-resume``: this process is a child running a parent's tests.
     resume_dir: str | None
     #: ``--cuda-internal-rerun``: ... and re-runs one failed test with blocking launches.
@@ -125,9 +139,23 @@ def _build(config: pytest.Config) -> Settings:
         leak_reset_caches=bool(option.cuda_leak_reset_caches),
         leak_reruns=option.cuda_leak_reruns,
         memory_report=option.cuda_memory_report,
+        memory_limit=(
+            option.cuda_limit_memory
+            if option.cuda_limit_memory is not None or not read
+            else _ini_limit(config, "cuda_limit_memory")
+        ),
+        memory_limit_source=(
+            "--cuda-limit-memory"
+            if option.cuda_limit_memory is not None
+            else "cuda_limit_memory ini value"
+        ),
+        oom=option.cuda_oom or "fail",
+        memory_snapshot=option.cuda_memory_snapshot,
         sync=option.cuda_sync,
         on_poison=option.cuda_on_poison,
         rerun_blocking=bool(option.cuda_rerun_blocking),
+        ranks=option.cuda_ranks,
+        rank_logs=option.cuda_rank_logs,
         resume_dir=option.cuda_internal_resume,
         rerun=bool(option.cuda_internal_rerun),
         debugging=bool(getattr(option, "usepdb", False) or getattr(option, "trace", False)),
@@ -197,6 +225,22 @@ def _ini_tolerance(config: pytest.Config, name: str) -> int:
             f"{name} (ini): tolerance must be a size in bytes >= 0 (an int or a string "
             f'such as "4KiB"), got {text!r} ({exc})'
         ) from None
+
+
+def _ini_limit(config: pytest.Config, name: str) -> int | None:
+    """An ini memory limit in bytes; ``None`` when empty."""
+    text = str(config.getini(name)).strip()
+    if not text:
+        return None
+    from gpumagic.units import parse_size
+
+    try:
+        limit = parse_size(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{name} (ini): {exc}") from None
+    if limit < 1:
+        raise pytest.UsageError(f"{name} (ini) takes a size above 0 bytes, got {text!r}")
+    return limit
 
 
 def _ini_seconds(config: pytest.Config, name: str) -> float | None:

@@ -7,8 +7,10 @@ Every test here runs on the GPU machine (``scripts/gpu-check.sh``); elsewhere th
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from IPython.core.interactiveshell import InteractiveShell
 
 pytestmark = pytest.mark.cuda
@@ -282,3 +286,18 @@ def test_gpumem_in_a_fresh_process_creates_no_cuda_context() -> None:
     assert device["this_process"] is None  # NVML does not list a process without a context
     assert device["total"] > 0
     assert device["device_used"] is not None
+
+
+def test_snapshot_opens_with_torchs_memory_viz_and_names_the_variable(
+    gpu_shell: InteractiveShell, tmp_path: Path
+) -> None:
+    _memory_viz = importlib.import_module("torch.cuda._memory_viz")  # torch's own reader
+    target = tmp_path / "cell.pickle"
+    result = gpu_shell.run_cell(
+        f"%%gpumem --snapshot {target}\nweights = torch.empty(1 << 20, device='cuda')\n"
+    )
+    assert result.success, result.error_in_exec
+    with target.open("rb") as file:
+        snapshot = pickle.load(file)
+    assert "held by:0:weights" in _memory_viz.memory(snapshot, format_flamegraph=lambda t: t)
+    assert json.loads(target.with_suffix(".json").read_text())["blocks"][0]["holder"] == "weights"

@@ -6,7 +6,9 @@ fake seam of ``fake_cuda``; the real GPU is exercised by ``test_memory_gpu.py``.
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,6 +18,8 @@ from fake_cuda import FakeAllocator, GiB, MiB, install
 from gpumagic.memory_result import CellMemResult, GpuMemResult
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from IPython.core.interactiveshell import InteractiveShell
 
 
@@ -371,3 +375,29 @@ def test_gpumem_before_cuda_is_used_creates_nothing(
     assert gpu.empty_cache_calls == 0
     assert f"this process (pid {os.getpid()})" in out
     assert "CUDA not initialised here" in out
+
+
+def test_snapshot_writes_the_pickle_with_each_holder_and_the_json(
+    shell: InteractiveShell, gpu: FakeAllocator, tmp_path: Path
+) -> None:
+    target = tmp_path / "cell.pickle"
+    cell = "kept = gpu.tensor(4 * MiB)\ngpu.free(gpu.alloc(MiB))"
+    result = shell.run_cell_magic("gpumem", f"--snapshot {target} -o", cell)
+    assert not gpu.recording  # recorded for the cell only
+    snapshot = pickle.loads(target.read_bytes())
+    (block,) = [
+        b for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"
+    ]
+    assert block["frames"][0] == {"filename": "held by", "line": 0, "name": "kept"}
+    assert block["frames"][1]["line"] == 1  # the cell's line, as torch records it
+    freed = [e for e in snapshot["device_traces"][0] if e["action"] == "free_requested"]
+    assert len(freed) == 1  # the cell's events, for memory_viz's timeline
+    side = json.loads(target.with_suffix(".json").read_text())
+    assert side["cell"] == "In[1]"
+    assert [(b["holder"], b["size"]) for b in side["blocks"]] == [("kept", 4 * MiB)]
+    assert f"memory snapshot written to {target}" in result.text()
+
+
+def test_snapshot_is_an_option_of_the_cell_magic(shell: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match="--snapshot is an option of the cell magic"):
+        shell.run_line_magic("gpumem", "--snapshot out.pickle")

@@ -166,7 +166,7 @@ def test_a_ring_that_wrapped_is_said(shell: InteractiveShell, gpu: FakeAllocator
 def test_a_usage_error_names_timeline_among_the_cell_options(shell: InteractiveShell) -> None:
     from IPython.core.error import UsageError
 
-    with pytest.raises(UsageError, match="takes --trace, --timeline, --keep-peak"):
+    with pytest.raises(UsageError, match="takes --trace, --timeline, --snapshot, --keep-peak"):
         shell.run_cell_magic("gpumem", "--timeline --gc", "ran = True")
     assert "ran" not in shell.user_ns
 

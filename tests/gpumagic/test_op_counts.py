@@ -130,3 +130,15 @@ def test_a_body_that_raises_leaves_no_mode_behind() -> None:
 def test_nothing_is_counted_before_torch_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "torch")
     assert cuda.count_ops(lambda: None) is None
+    assert not cuda.can_count()  # and %cudatime loads no counters
+
+
+def test_the_counters_load_once_a_process() -> None:
+    """``%cudatime`` times this on its own, inside its budget (issue 39: the first count
+    of a session cost 0.69 s and was never said)."""
+    assert cuda.can_count()
+    cuda.load_counters()  # loaded now, or by an earlier test of this process
+    assert cuda.load_counters() is False
+    counts = cuda.count_ops(lambda: torch.ones(4) * 2)
+    assert counts is not None
+    assert counts.ops == 2

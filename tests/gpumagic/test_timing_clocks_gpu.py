@@ -43,9 +43,16 @@ def test_a_spin_kernel_runs_at_its_clock_with_no_throttle_line(
         return
     assert r.clocks_mhz is not None
     assert len(r.run_clocks_mhz) == r.repeat
-    assert not r.throttled, r.text()
-    assert not any(w.startswith("the GPU ran at") for w in r.warnings), r.warnings
-    assert r.at_default_clock is None or r.at_default_clock >= 0.5
+    # A spin draws little power, so it usually runs at its clock; but a GPU that another
+    # job (or the test before) heated can be held back by its power cap for a run or
+    # two (an H200 once ran one run of seven at 1350 MHz here). What must hold: the
+    # throttle line is said exactly when the GPU was held back, with NVML's reason.
+    said = [w for w in r.warnings if w.startswith("the GPU ran at")]
+    assert bool(said) == r.throttled, (said, r.text())
+    if r.throttled:
+        assert r.throttled_runs > 0 or r.throttle_reasons, r.text()
+    else:
+        assert r.at_default_clock is None or r.at_default_clock >= 0.5
 
 
 @pytest.mark.gpu_timing
@@ -157,8 +164,11 @@ def test_cold_shows_the_l2_check_on_8mib_and_1gib_bodies(
         assert r.flush_bytes >= 2 * l2
         assert r.l2_bytes == l2
         assert "L2 check" in r.text()
-        agree = any(w.startswith("--cold: cold and warm single calls agree") for w in r.warnings)
-        assert agree == (r.cold_warm_ratio < 1.03), r.warnings
+        agree = any(w.startswith("--cold: cold and warm single calls") for w in r.warnings)
+        interval = checks.cold_interval(r.timings, r.cold_warm_timings)
+        assert interval is not None, r.text()
+        assert interval.bounded, r.text()
+        assert agree == interval.holds_one, (r.warnings, interval)
         if name == "8 MiB":
             assert r.cold_warm_ratio > 1.05, r.text()  # the data came from DRAM
         else:

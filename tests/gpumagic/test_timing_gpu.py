@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -86,15 +85,20 @@ def test_validate_agrees_with_cupti_on_a_spin_kernel(
 
 
 @pytest.mark.gpu_timing
-def test_default_run_takes_under_two_seconds(
+def test_default_runs_fit_the_budget_plus_one_run(
     shell: InteractiveShell, torch: Any, cycles_per_ms: float
 ) -> None:
+    """The default 1 s budget holds on the GPU: the runs kept, on the host clock the
+    engine stops by, add up to at most the budget and one more run. The engine's own
+    readings against each other, which a loaded host cannot upset; the wall time a user
+    waits is ``benchmarks/bench_timing.py --default-run``'s (a bound on it here failed
+    on a busy machine: issue 39)."""
     x = torch.ones(1024, device="cuda")
     shell.user_ns.update(torch=torch, cycles=int(10 * cycles_per_ms), x=x)
     for statement in ("torch.cuda._sleep(cycles)", "x.add_(1.0)"):
-        started = time.perf_counter()
-        cudatime(shell, statement)
-        assert time.perf_counter() - started < 2.0, statement
+        r = cudatime(shell, statement)
+        assert r.repeat == len(r.host_runs) >= 3, r.text()
+        assert sum(r.host_runs) <= 1.0 + max(r.host_runs), (statement, r.host_runs)
 
 
 @pytest.mark.gpu_timing
@@ -359,4 +363,39 @@ def test_ctrl_c_in_the_first_call_or_warm_up_on_the_gpu_is_short(
         assert "gpumagic" not in text, text
     assert gpu_shell.run_cell(
         "import torch\nassert torch.cuda.current_stream() == torch.cuda.default_stream()"
+    ).success
+
+
+def test_a_huge_n_says_its_wait_and_ctrl_c_keeps_the_loops_launched(
+    gpu_shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39: ``%cudatime -n 100000000 -r 1 torch.mm(a, b)`` started with no estimate
+    and Ctrl-C before the first run ended gave a bare KeyboardInterrupt. Ctrl-C (raised
+    by the body in its 3001st call) keeps the loops the run finished, timed on the GPU
+    to their end; the stream is put back."""
+    gpu_shell.user_ns["calls"] = [0]
+    step = (
+        "a = torch.randn(256, 256, device='cuda')\n"
+        "def step():\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] > 3000: raise KeyboardInterrupt\n"
+        "    return a @ a"
+    )
+    assert gpu_shell.run_cell(step).success
+    capsys.readouterr()
+    result = gpu_shell.run_cell("r = %cudatime -o -n 100000000 -r 1 --no-count step()")
+    assert result.success, result.error_in_exec
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("%cudatime: about "), out
+    assert "for 1 run of 100,000,000 loops" in first
+    assert "Ctrl-C stops with what has run" in first
+    assert "Traceback" not in out
+    r = gpu_shell.user_ns["r"]
+    assert (r.clock, r.repeat, r.interrupted) == ("gpu", 1, True)
+    assert 100 < r.loops < 3000
+    assert r.warnings[0] == f"interrupted (Ctrl-C) after {r.loops:,} of 100,000,000 loops"
+    assert r.median > 0
+    assert gpu_shell.run_cell(
+        "assert torch.cuda.current_stream() == torch.cuda.default_stream()"
     ).success

@@ -444,8 +444,8 @@ def test_a_machine_that_slows_down_overruns_the_budget_by_one_run(
 ) -> None:
     """A body 200 times slower from the first run on (torch's threads on a loaded CPU,
     as when the getting-started samples ran on a busy machine): the runs, sized to 40 ms
-    by the warm-up, took 8 s each and the fewest runs made the call 24 s long. After the
-    first such run they are resized (issue 29, item 4)."""
+    by the warm-up, took 8 s each and the fewest runs made the call 24 s long (issue 29,
+    item 4). A run that ends past the budget is the last (issue 39)."""
     clock = FakeClock()  # exact times: the slowdown is the test's, not the machine's
     monkeypatch.setattr(timing, "time", clock)
     calls = 0
@@ -459,10 +459,12 @@ def test_a_machine_that_slows_down_overruns_the_budget_by_one_run(
     start = clock.now
     assert run(shell, "r = %cudatime -o --verbose --device cpu --no-count work()").success
     r = shell.user_ns["r"]
-    assert clock.now - start < 1 + 8.5  # the budget and the one run far too long
-    assert r.median == pytest.approx(2e-3)
+    (one_run,) = r.host_runs
+    assert clock.now - start <= r.first_call + 1 + one_run  # the budget and that run
+    assert one_run == pytest.approx(7.81, rel=1e-3)
     out = " ".join(capsys.readouterr().out.split())
-    assert "warm-up and sizing took 7.81 s, then a run took 40 ms" in out  # the long run
+    assert "Only 1 run fit in the budget of 1 s (--budget): warm-up and sizing took" in out
+    assert "then a run took 7.81 s." in out
 
 
 # -- Ctrl-C before anything was measured, and syntax errors (issue 29) ------------------
@@ -493,11 +495,15 @@ def test_ctrl_c_in_the_first_call_shows_the_users_line_only(
 def test_ctrl_c_in_the_warm_up_shows_the_users_frames_only(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The second call is the warm-up's first, on the host and on a GPU alike (the GPU's
+    # calibration runs no loop of the body); a later one may land in the first run,
+    # where Ctrl-C keeps what ran (a GPU machine's warm-up can be a single batch).
     shell.user_ns["calls"] = []
-    cell = "def step():\n    if calls.append(1) or len(calls) > 3: raise KeyboardInterrupt"
+    cell = "def step():\n    if calls.append(1) or len(calls) > 1: raise KeyboardInterrupt"
     assert run(shell, cell).success
     result = run(shell, f"%cudatime {FAST} step()")
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert shell.user_ns["calls"] == [1, 1]  # the first call, then the warm-up's first
     text = shown(capsys)
     assert_short_and_ours_hidden(text)
     assert "----> 1 %cudatime --budget 0.05 step()" in text

@@ -196,7 +196,9 @@ def test_no_gpu_only_rows_on_a_cpu(shell: InteractiveShell) -> None:
 
 
 def test_a_long_warning_is_cut_to_its_line(shell: InteractiveShell) -> None:
-    r = timed(shell, "-n 10 -r 5", "1 + 1")
+    # On the host (--device cpu): a GPU machine's worker may hold a CUDA context, where
+    # "1 + 1" would get the GPU's rows.
+    r = timed(shell, "-n 10 -r 5 --device cpu", "1 + 1")
     r.warnings = ["a warning that goes on " * 10, "another"]
     lines = r.text().splitlines()
     assert len(lines) == 3

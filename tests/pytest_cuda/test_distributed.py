@@ -169,6 +169,8 @@ def test_gloo_ranks_all_reduce_fail_and_hang_as_reported(pytester: pytest.Pytest
             "*test_planted.py*in test_hang",
         ]
     )
+    # The frames that only start a rank are left out of its stack.
+    assert "rank_main.py" not in result.stdout.str()
     # Bad input: clear errors naming what is wrong.
     result.stdout.fnmatch_lines(
         [
@@ -351,7 +353,10 @@ def test_an_xdist_worker_with_too_few_devices_is_a_usage_error(
 def test_marker_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(
-        ['@pytest.mark.cuda_distributed(world_size=2, backend="nccl", timeout=60): run *']
+        [
+            '@pytest.mark.cuda_distributed(world_size=2, backend="nccl", timeout=60, '
+            "fresh_group=False, isolate=False): run *"
+        ]
     )
     result = pytester.runpytest("--fixtures")
     result.stdout.fnmatch_lines(["cuda_rank -- *", "    This rank of a ``cuda_distributed`` test*"])

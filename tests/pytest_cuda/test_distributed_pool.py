@@ -1,5 +1,6 @@
 """Warm ranks (``cuda_distributed`` on the CPU with gloo): reused from test to test,
-replaced after a failure, a hang, a death or a test that left state behind.
+replaced after a failure, a hang, a death or a test that left state behind, and giving
+their cached memory back after each test.
 
 Each planted suite runs for real in two rank processes; every test records the pids of
 its ranks, so the tests can tell which tests shared processes. No rank process may
@@ -86,11 +87,6 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
-
-
-def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
-    pytester.makepyfile(test_planted=source)
-    return pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base", *args)
 
 
 def _none_left(pytester: pytest.Pytester) -> None:
@@ -392,57 +388,6 @@ def _deaths(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
     assert len({frozenset(p) for p in after}) == 3
 
 
-#: The planted suites of one session, in the order they run, and what each must show.
-PLANTED = {
-    "test_0_outcomes": (OUTCOMES, _outcomes_and_switches),
-    "test_1_suite": (SUITE, _failure_and_hang),
-    "test_2_leftovers": (LEFTOVERS, _leftovers),
-    "test_3_deaths": (DEATHS, _deaths),
-}
-
-
-def test_warm_ranks_are_kept_through_passes_and_replaced_after_what_went_wrong(
-    pytester: pytest.Pytester,
-) -> None:
-    """Every planted suite in one session: each suite's outcomes and reports, and which
-    tests shared rank processes, as if it had run alone."""
-    pytester.makepyfile(**{name: source for name, (source, _) in PLANTED.items()})
-    result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base")
-    result.assert_outcomes(passed=26, failed=8, skipped=2, xfailed=1, errors=1)
-    pids = _pids(pytester.path / "base")
-    for _, check in PLANTED.values():
-        check(result, pids)
-    # The warm ranks one suite left are the next one's.
-    assert pids["test_after_a_fresh_group"] == pids["test_01"]
-    assert pids["test_20"] == pids["test_keeps_a_group"]
-    assert pids["test_clean_after"] == pids["test_passes_first"]
-    _none_left(pytester)
-
-
-PAIRS = HEADER + "".join(
-    f"""
-
-@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
-def test_{i}(cuda_rank, pids):
-    keep(pids, "test_{i}", cuda_rank.rank)
-    reduce(cuda_rank.rank)
-"""
-    for i in range(4)
-)
-
-
-def test_each_xdist_worker_keeps_its_own_pool(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_planted=PAIRS)
-    result = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--basetemp", "base")
-    result.assert_outcomes(passed=4)
-    pids = _pids(pytester.path / "base")
-    assert len(pids) == 4
-    # Two workers, each with one pair of warm ranks (a worker may have run every test).
-    assert len({frozenset(p) for p in pids.values()}) <= 2
-    assert all(len(p) == 2 for p in pids.values())
-    _none_left(pytester)
-
-
 GIVE_BACK = (
     HEADER
     + """
@@ -506,26 +451,81 @@ def test_05_fresh(cuda_rank, pids):
 )
 
 
-def test_warm_ranks_give_cached_memory_back_after_each_test(pytester: pytest.Pytester) -> None:
-    """After each test that went well, a warm rank gives its cached CUDA blocks back
-    (through the seam, for its own device: none under gloo), before its result; a rank
-    that cannot fails the test and is replaced; a fresh rank's memory goes with its
-    process."""
-    result = _run(pytester, GIVE_BACK)
-    result.assert_outcomes(passed=3, skipped=1, failed=1)
+def _give_back(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
+    """``GIVE_BACK``: after each test that went well, a warm rank gives its cached CUDA
+    blocks back (through the seam, for its own device: none under gloo), before its
+    result; a rank that cannot fails the test and is replaced. (What each rank's
+    planted release noted: :func:`_released`.)"""
+    assert _outcomes(result, "test_4_give_back") == {"passed": 3, "skipped": 1, "failed": 1}
     result.stdout.fnmatch_lines(
         [
             "test_03_refused: rank ? of 2 failed: giving the CUDA memory this rank cached "
             "back to the driver failed: RuntimeError: planted: the driver said no",
         ]
     )
-    base = pytester.path / "base"
+    assert pids["test_01_plants"] == pids["test_02_skips"] == pids["test_03_refused"]
+    assert pids["test_04_after"].isdisjoint(pids["test_03_refused"])
+
+
+def _released(base: Path) -> None:
+    """``GIVE_BACK``'s planted releases: the refused one was called once on each rank;
+    a fresh rank's memory goes with its process (its release is never called)."""
     for rank in (0, 1):
         assert (base / f"refused-{rank}").read_text() == "[]\n"
     assert not list(base.glob("fresh-*"))
-    pids = _pids(base)
-    assert pids["test_01_plants"] == pids["test_02_skips"] == pids["test_03_refused"]
-    assert pids["test_04_after"].isdisjoint(pids["test_03_refused"])
+
+
+#: The planted suites of one session, in the order they run, and what each must show.
+PLANTED = {
+    "test_0_outcomes": (OUTCOMES, _outcomes_and_switches),
+    "test_1_suite": (SUITE, _failure_and_hang),
+    "test_2_leftovers": (LEFTOVERS, _leftovers),
+    "test_3_deaths": (DEATHS, _deaths),
+    "test_4_give_back": (GIVE_BACK, _give_back),
+}
+
+
+def test_warm_ranks_are_kept_through_passes_and_replaced_after_what_went_wrong(
+    pytester: pytest.Pytester,
+) -> None:
+    """Every planted suite in one session: each suite's outcomes and reports, and which
+    tests shared rank processes, as if it had run alone."""
+    pytester.makepyfile(**{name: source for name, (source, _) in PLANTED.items()})
+    result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base")
+    result.assert_outcomes(passed=29, failed=9, skipped=3, xfailed=1, errors=1)
+    pids = _pids(pytester.path / "base")
+    for _, check in PLANTED.values():
+        check(result, pids)
+    _released(pytester.path / "base")
+    # The warm ranks one suite left are the next one's.
+    assert pids["test_after_a_fresh_group"] == pids["test_01"]
+    assert pids["test_20"] == pids["test_keeps_a_group"]
+    assert pids["test_clean_after"] == pids["test_passes_first"]
+    assert pids["test_passes_after"] == pids["test_01_plants"]
+    _none_left(pytester)
+
+
+PAIRS = HEADER + "".join(
+    f"""
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_{i}(cuda_rank, pids):
+    keep(pids, "test_{i}", cuda_rank.rank)
+    reduce(cuda_rank.rank)
+"""
+    for i in range(4)
+)
+
+
+def test_each_xdist_worker_keeps_its_own_pool(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_planted=PAIRS)
+    result = pytester.runpytest("-n", "2", "-p", "no:cacheprovider", "--basetemp", "base")
+    result.assert_outcomes(passed=4)
+    pids = _pids(pytester.path / "base")
+    assert len(pids) == 4
+    # Two workers, each with one pair of warm ranks (a worker may have run every test).
+    assert len({frozenset(p) for p in pids.values()}) <= 2
+    assert all(len(p) == 2 for p in pids.values())
     _none_left(pytester)
 
 

@@ -98,25 +98,6 @@ def plant_listening(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(listening=Path(listening.__file__).read_text())
 
 
-def test_nothing_listens_beyond_loopback_while_warm_ranks_are_up(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth9")  # the user's own: kept
-    plant_listening(pytester)
-    pytester.makepyfile(test_planted=loopback_suite("gloo"))
-    result = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(
-        [
-            "*Captured stdout (rank 0) call*",
-            "GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=eth9",
-            "*Captured stdout call*",
-            "pid * listens on 127.0.0.1:*",
-        ]
-    )
-
-
 def test_the_check_sees_a_store_that_listens_on_every_interface() -> None:
     # Asked for 127.0.0.1, torch's own server listens on every interface: the check of
     # the suite above would catch the plugin going back to it.
@@ -185,11 +166,18 @@ def test_3_on_new_ranks(cuda_rank):
 """
 
 
-def test_a_pickle_planted_in_the_store_is_never_loaded(pytester: pytest.Pytester) -> None:
+def test_warm_ranks_listen_on_loopback_only_and_load_no_pickle_from_the_store(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both planted suites in one session (a pytest process and its ranks each import
+    torch): the pickle's first, whose job numbers it plants, then the socket tables'
+    on the warm ranks its last test left."""
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth9")  # the user's own: kept
     plant_listening(pytester)
-    pytester.makepyfile(test_planted=PICKLE_SUITE)
+    pytester.makepyfile(test_1_pickle=PICKLE_SUITE, test_2_loopback=loopback_suite("gloo"))
     result = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=6, failed=1)
     result.stdout.fnmatch_lines(
         [
             "test_2_finishes_where_the_pickle_is: rank ? of 2 failed: UnexpectedStoreValue: "
@@ -199,6 +187,17 @@ def test_a_pickle_planted_in_the_store_is_never_loaded(pytester: pytest.Pytester
         ]
     )
     assert not (pytester.path / "unpickled").exists()
+    result.stdout.fnmatch_lines(
+        [
+            "*Captured stdout (rank 0) call*",
+            "GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=eth9",
+            "*Captured stdout call*",
+            "pid * listens on 127.0.0.1:*",
+        ]
+    )
+    assert [line for line in result.outlines if line.startswith("FAILED")] == [
+        line for line in result.outlines if line.startswith("FAILED test_1_pickle.py::test_2_")
+    ]
 
 
 def test_done_keys_are_compared_as_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -69,16 +69,24 @@ def only(result: LeakHolderScan) -> tuple[str, str, str]:
     return holder.path, holder.kind, holder.note
 
 
-@pytest.fixture(autouse=True)
-def _visible_heap() -> Iterator[None]:
+@pytest.fixture(scope="module")
+def _thawed_heap() -> Iterator[None]:
     """The suite's conftest freezes the heap (``gc.freeze()``), which hides objects
-    from ``gc.get_referrers``: thaw it for the walk, and start from no garbage."""
+    from ``gc.get_referrers``: thawed for this module's walks, frozen again after them
+    (a collection of the whole thawed heap costs the tests after it)."""
     gc.unfreeze()
+    yield
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _visible_heap(_thawed_heap: None) -> Iterator[None]:
+    """Each walk starts from no garbage (the next test's collection, or the module's
+    last, collects what this one left)."""
     gc.collect()
     yield
     TestLike.batch.cache_clear()
-    gc.collect()
-    gc.freeze()
 
 
 @pytest.fixture

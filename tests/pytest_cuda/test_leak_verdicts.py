@@ -98,16 +98,23 @@ def test_the_json_report_lists_every_checked_test(
 def test_under_xdist_one_report_and_junit_properties_cover_every_worker(
     pytester: pytest.Pytester, planted: Callable[[str], None]
 ) -> None:
+    """The controller alone writes the report, with every worker's tests in it. The
+    check is switched on by the ini value alone: it reaches the workers (one xdist run,
+    each process importing torch, for the settings' fact too)."""
     pytest.importorskip("xdist")
     planted(SUITE)
+    pytester.makeini("[pytest]\ncuda_leak_check = true\ncuda_leak_holder_search = none\n")
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--cuda-leak-check", "--cuda-leak-report=leaks.json", "--junitxml=junit.xml"
+        "-n", "2", "--cuda-leak-report=leaks.json", "--junitxml=junit.xml"
     )
     assert result.parseoutcomes() == {"passed": 4, "leaked": 1}
     document = json.loads((pytester.path / "leaks.json").read_text())
     _check_schema(document)
     assert document["summary"]["checked"] == 4
-    result.stdout.fnmatch_lines(["cuda leak check: 4 tests checked, 1 leaked, 1 kept *"])
+    result.stdout.fnmatch_lines(
+        ["cuda leak check: 4 tests checked, 1 leaked, 1 kept *; report written to leaks.json"]
+    )
+    assert result.stdout.str().count("report written") == 1
     properties = {
         case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
         for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")

@@ -16,6 +16,7 @@ PER_TEST_PLUGINS = (
     "cuda.poison-culprit-reports",
     "cuda.leaks",
     "cuda.leak-reports",
+    "cuda.memory-limit",
     "cuda.sync-modes",
     "cuda.xdist",
 )
@@ -25,6 +26,10 @@ LAZY_MODULES = (
     "pytest_cuda.leaks.checker",
     "pytest_cuda.leaks.engine",
     "pytest_cuda.leaks.block",
+    "pytest_cuda.leaks.limit",
+    "pytest_cuda.leaks.limiter",
+    "pytest_cuda.leaks.oom",
+    "pytest_cuda.leaks.snapshots",
     "pytest_cuda.sync.checks",
     "pytest_cuda.sync.modes",
     "pytest_cuda.sync.poison",

@@ -1,8 +1,9 @@
 """Pinning pytest-xdist workers to devices: what each worker really received.
 
-Every run here is a real ``pytest -n N`` in a subprocess on a made-up machine; the
-planted conftest makes each worker write down the environment it started with and the
-devices the plugin hands its tests. It stands in for torch too (see
+Every run here is a real ``pytest -n N`` on a made-up machine, its controller in this
+process (pytester's in-process run: a pytest start-up fewer each) and its workers real
+processes; the planted conftest makes each worker write down the environment it started
+with and the devices the plugin hands its tests. It stands in for torch too (see
 ``fake_cuda.install_torch_stand_in``): these runs are about which device each worker gets.
 """
 
@@ -79,7 +80,7 @@ def visible(pytester: pytest.Pytester) -> dict[str, str | None]:
 def test_each_worker_gets_its_own_device(pytester: pytest.Pytester, recording: FakeGpus) -> None:
     recording(h200s(2))
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "2", "--cuda-devices=0,1", "-v")
+    result = pytester.runpytest("-n", "2", "--cuda-devices=0,1", "-v")
     result.assert_outcomes(passed=3)
     assert seen(pytester) == {
         "gw0": {"CUDA_VISIBLE_DEVICES": "0", "devices": [[0, "GPU-fake-0"]]},
@@ -97,7 +98,7 @@ def test_outer_indices_are_mapped_through(
     recording(h200s(4))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     pytester.makepyfile(DEVICE_TESTS)
-    pytester.runpytest_subprocess("-n", "2", "--cuda-devices=0,1").assert_outcomes(passed=3)
+    pytester.runpytest("-n", "2", "--cuda-devices=0,1").assert_outcomes(passed=3)
     assert seen(pytester) == {
         "gw0": {"CUDA_VISIBLE_DEVICES": "2", "devices": [[0, "GPU-fake-2"]]},
         "gw1": {"CUDA_VISIBLE_DEVICES": "3", "devices": [[0, "GPU-fake-3"]]},
@@ -110,7 +111,7 @@ def test_outer_uuids_are_kept(
     recording(h200s(4))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake-3,GPU-fake-1")
     pytester.makepyfile(DEVICE_TESTS)
-    pytester.runpytest_subprocess("-n", "2", "--cuda-devices=1,0").assert_outcomes(passed=3)
+    pytester.runpytest("-n", "2", "--cuda-devices=1,0").assert_outcomes(passed=3)
     assert visible(pytester) == {"gw0": "GPU-fake-1", "gw1": "GPU-fake-3"}
 
 
@@ -125,7 +126,7 @@ def test_outer_mig_instances_are_kept(
     recording([board(0, migs=slices)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-fake-0,MIG-fake-1")
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "2", "--cuda-devices=all")
+    result = pytester.runpytest("-n", "2", "--cuda-devices=all")
     result.assert_outcomes(passed=3)
     assert visible(pytester) == {"gw0": "MIG-fake-0", "gw1": "MIG-fake-1"}
     result.stdout.fnmatch_lines(
@@ -144,9 +145,7 @@ def test_devices_per_worker(pytester: pytest.Pytester, recording: FakeGpus) -> N
             assert [str(d) for d in cuda_devices] == ["cuda:0", "cuda:1"]
         """
     )
-    result = pytester.runpytest_subprocess(
-        "-n", "2", "--cuda-devices=all", "--cuda-devices-per-worker=2"
-    )
+    result = pytester.runpytest("-n", "2", "--cuda-devices=all", "--cuda-devices-per-worker=2")
     result.assert_outcomes(passed=1)
     assert visible(pytester) == {"gw0": "0,1", "gw1": "2,3"}
 
@@ -156,9 +155,7 @@ def test_devices_per_worker_alone_takes_every_device(
 ) -> None:
     recording(h200s(4))
     pytester.makepyfile(DEVICE_TESTS)
-    pytester.runpytest_subprocess("-n", "2", "--cuda-devices-per-worker=2").assert_outcomes(
-        passed=3
-    )
+    pytester.runpytest("-n", "2", "--cuda-devices-per-worker=2").assert_outcomes(passed=3)
     assert visible(pytester) == {"gw0": "0,1", "gw1": "2,3"}
 
 
@@ -167,7 +164,7 @@ def test_more_workers_than_devices_share_round_robin(
 ) -> None:
     recording(h200s(2))
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "4", "--cuda-devices=all")
+    result = pytester.runpytest("-n", "4", "--cuda-devices=all")
     result.assert_outcomes(passed=3)
     assert visible(pytester) == {"gw0": "0", "gw1": "1", "gw2": "0", "gw3": "1"}
 
@@ -185,7 +182,7 @@ def test_auto_starts_one_worker_per_device_group(
 ) -> None:
     recording(h200s(4))
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "auto", *args)
+    result = pytester.runpytest("-n", "auto", *args)
     result.assert_outcomes(passed=3)
     assert visible(pytester) == workers
     result.stdout.fnmatch_lines([f"created: {len(workers)}/{len(workers)} worker*"])
@@ -197,7 +194,7 @@ def test_auto_without_devices_is_left_to_xdist(
     recording(h200s(4))
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "auto")
+    result = pytester.runpytest("-n", "auto")
     result.stdout.fnmatch_lines(["created: 3/3 workers"])
     # No devices asked for: workers are not pinned and every one sees every device.
     assert set(visible(pytester).values()) == {None}
@@ -206,7 +203,7 @@ def test_auto_without_devices_is_left_to_xdist(
 def test_unpinned_workers_still_parametrize(pytester: pytest.Pytester, recording: FakeGpus) -> None:
     recording(h200s(2))
     pytester.makepyfile("def test_device(cuda_device):\n    pass\n")
-    result = pytester.runpytest_subprocess("-n", "2", "-v")
+    result = pytester.runpytest("-n", "2", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*PASSED*test_device?cuda:?? *"] * 2)
 
@@ -224,12 +221,12 @@ def test_a_test_needing_more_than_a_worker_owns_skips_with_the_reason(
             pass
         """
     )
-    result = pytester.runpytest_subprocess("-n", "2", "--cuda-devices=0,1", "-rs")
+    result = pytester.runpytest("-n", "2", "--cuda-devices=0,1", "-rs")
     result.assert_outcomes(skipped=1)
     (reason,) = skip_reasons(result)
     assert reason.startswith("needs 2 CUDA devices, 1 owned by xdist worker gw")
     assert reason.endswith(" (--cuda-devices-per-worker=1): 0 NVIDIA H200")
-    strict = pytester.runpytest_subprocess("-n", "2", "--cuda-devices=0,1", "--cuda-require")
+    strict = pytester.runpytest("-n", "2", "--cuda-devices=0,1", "--cuda-require")
     strict.assert_outcomes(errors=1)
 
 
@@ -247,7 +244,7 @@ def pytest_configure(config):
 """
     )
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "1", "--cuda-devices=0")
+    result = pytester.runpytest("-n", "1", "--cuda-devices=0")
     result.assert_outcomes(passed=1, failed=0, errors=2)
     result.stdout.fnmatch_lines(
         [
@@ -264,7 +261,7 @@ def test_tx_that_sets_the_variable_conflicts(
 ) -> None:
     recording(h200s(2))
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--tx", "popen//env:CUDA_VISIBLE_DEVICES=1", "--dist", "load", "--cuda-devices=0"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -283,9 +280,9 @@ def test_tx_that_sets_the_variable_conflicts(
             "and --cuda-devices=all would pin the workers too; use one of them",
         ),
         (
-            "ssh=gpu-host//python=python3",
-            "ERROR: --cuda-devices=all pins local workers only, and <XSpec *ssh=gpu-host*> is "
-            "not a popen worker; drop --cuda-devices=all or set CUDA_VISIBLE_DEVICES with --tx *",
+            "ssh=gpu-host//python=python3//env:CUDA_VISIBLE_DEVICES=0",
+            "ERROR: <XSpec *ssh=gpu-host*> sets CUDA_VISIBLE_DEVICES itself, and "
+            "--cuda-devices=all would pin the workers too; use one of them",
         ),
     ],
 )
@@ -296,7 +293,7 @@ def test_tx_conflicts_are_usage_errors_without_a_gpu_too(
     conflict whatever devices there are."""
     recording(**CPU_BUILD)
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("--tx", tx, "--dist", "load", "--cuda-devices=all")
+    result = pytester.runpytest("--tx", tx, "--dist", "load", "--cuda-devices=all")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 
@@ -305,7 +302,7 @@ def test_tx_pinning_by_hand_still_works(pytester: pytest.Pytester, recording: Fa
     # The pytorch/ao way: without --cuda-devices the plugin leaves --tx env alone.
     recording(h200s(4))
     pytester.makepyfile("def test_device(cuda_devices):\n    assert len(cuda_devices) == 2\n")
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--dist=load",
         "--tx", "popen//env:CUDA_VISIBLE_DEVICES=0,1",
         "--tx", "popen//env:CUDA_VISIBLE_DEVICES=2,3",
@@ -320,16 +317,14 @@ def test_tx_pinning_by_hand_still_works(pytester: pytest.Pytester, recording: Fa
 def test_uneven_groups_are_a_usage_error(pytester: pytest.Pytester, recording: FakeGpus) -> None:
     recording(h200s(3))
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "2", "--cuda-devices-per-worker=2")
+    result = pytester.runpytest("-n", "2", "--cuda-devices-per-worker=2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         ["ERROR: --cuda-devices-per-worker=2 does not split the 3 selected devices "
          "(0 NVIDIA H200, 1 NVIDIA H200, 2 NVIDIA H200) evenly; select a multiple of 2 "
          "with --cuda-devices"]
     )  # fmt: skip
-    result = pytester.runpytest_subprocess(
-        "-n", "2", "--cuda-devices=0", "--cuda-devices-per-worker=2"
-    )
+    result = pytester.runpytest("-n", "2", "--cuda-devices=0", "--cuda-devices-per-worker=2")
     result.stderr.fnmatch_lines(
         ["ERROR: --cuda-devices-per-worker=2, but only 1 device(s) are selected: 0 NVIDIA H200"]
     )
@@ -338,7 +333,7 @@ def test_uneven_groups_are_a_usage_error(pytester: pytest.Pytester, recording: F
 def test_no_gpu_leaves_workers_alone(pytester: pytest.Pytester, recording: FakeGpus) -> None:
     recording(**CPU_BUILD)
     pytester.makepyfile(DEVICE_TESTS)
-    result = pytester.runpytest_subprocess("-n", "2", "--cuda-devices=all", "-rs")
+    result = pytester.runpytest("-n", "2", "--cuda-devices=all", "-rs")
     result.assert_outcomes(passed=1, skipped=2)
     assert set(visible(pytester).values()) == {None}
 
@@ -360,7 +355,7 @@ def test_a_crashed_worker_is_replaced_on_the_same_device(
             pass
         """
     )
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-n", "2", "--cuda-devices=0,1", "--dist=each", "--max-worker-restart=1"
     )
     result.stdout.fnmatch_lines(["*replacing crashed worker gw1*"])

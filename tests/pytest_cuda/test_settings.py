@@ -165,9 +165,14 @@ GIVEN = {
     "cuda_leak_reset_caches": "--cuda-leak-reset-caches",
     "cuda_leak_reruns": "--cuda-leak-reruns=1",
     "cuda_memory_report": "--cuda-memory-report=3",
+    "cuda_limit_memory": "--cuda-limit-memory=1024",
+    "cuda_oom": "--cuda-oom=skip",
+    "cuda_memory_snapshot": "--cuda-memory-snapshot=snaps",
     "cuda_sync": "--cuda-sync=per-op",
     "cuda_on_poison": "--cuda-on-poison=stop",
     "cuda_rerun_blocking": "--cuda-rerun-blocking",
+    "cuda_ranks": "--cuda-ranks=env",
+    "cuda_rank_logs": "--cuda-rank-logs=logs",
 }
 
 
@@ -183,6 +188,7 @@ def test_an_option_of_a_switched_off_mode_is_a_usage_error(
     result = pytester.runpytest(given, "-p", f"no:{mode}")
     _refused(result, f"{given} needs {mode}, which -p no:{mode} switched off: drop one of the two")
     assert not (pytester.path / "leaks.json").exists()
+    assert not (pytester.path / "snaps").exists()
 
 
 def test_launch_blocking_with_the_sync_mode_switched_off_is_refused_too(
@@ -213,8 +219,13 @@ def test_every_option_is_the_core_s_or_declared_by_one_mode(pytester: pytest.Pyt
     assert {given.split("=")[0] for given in GIVEN.values()} == set(declared)
 
 
-def test_the_multi_rank_mode_has_no_option_of_its_own(pytester: pytest.Pytester) -> None:
-    assert MODE_OPTIONS["pytest_cuda.distributed_plugin"] == ()
+def test_the_multi_rank_mode_off_leaves_the_other_modes_options(
+    pytester: pytest.Pytester,
+) -> None:
+    assert MODE_OPTIONS["pytest_cuda.distributed_plugin"] == (
+        ("cuda_ranks", "--cuda-ranks"),
+        ("cuda_rank_logs", "--cuda-rank-logs"),
+    )
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest(
         "--cuda-leak-check", "--cuda-on-poison=stop", "-p", "no:pytest_cuda.distributed_plugin"
@@ -310,22 +321,6 @@ def test_a_run_that_failed_keeps_its_exit_status_when_the_report_fails_too(
     result.stdout.no_fnmatch_line("*exit status*")
 
 
-def test_under_xdist_only_the_controller_checks_and_writes(
-    pytester: pytest.Pytester, planted: Callable[[str], None]
-) -> None:
-    pytest.importorskip("xdist")
-    planted("def test_clean(fake_cuda):\n    pass\n\ndef test_also(fake_cuda):\n    pass\n")
-    result = pytester.runpytest_subprocess(
-        "-n", "2", "--cuda-leak-check", "--cuda-leak-report=leaks.json"
-    )
-    assert result.ret == pytest.ExitCode.OK
-    assert json.loads((pytester.path / "leaks.json").read_text())["summary"]["checked"] == 2
-    result.stdout.fnmatch_lines(
-        ["cuda leak check: 2 tests checked, *; report written to leaks.json"]
-    )
-    assert result.stdout.str().count("report written") == 1
-
-
 # ---------------------------------------------------------------------------
 # The ini value cuda_leak_check: a default for --cuda-leak-check.
 
@@ -364,15 +359,9 @@ def test_the_ini_value_switches_the_leak_check_on(
         result.stdout.no_fnmatch_line("*cuda leak check*")
 
 
-def test_the_ini_value_reaches_the_xdist_workers(
-    pytester: pytest.Pytester, planted: Callable[[str], None]
-) -> None:
-    pytest.importorskip("xdist")
-    planted(LEAKING)
-    pytester.makeini("[pytest]\ncuda_leak_check = true\ncuda_leak_holder_search = none\n")
-    result = pytester.runpytest_subprocess("-n", "2")
-    assert result.parseoutcomes() == {"passed": 1, "leaked": 1}
-    result.stdout.fnmatch_lines(["cuda leak check: 1 test checked, 1 leaked *"])
+# The ini value reaching the xdist workers, and the controller alone writing the report,
+# are checked in one xdist run with the report's other facts (each worker imports torch):
+# test_leak_verdicts.py::test_under_xdist_one_report_and_junit_properties_cover_every_worker.
 
 
 def test_the_ini_value_is_switched_off_with_its_mode(

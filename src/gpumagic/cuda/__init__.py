@@ -16,13 +16,12 @@ touched and tests can swap it in one place:
   graph, a module, a compiled callable) and ``torch.device`` objects;
 * :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
   asynchronous CUDA errors;
-* :mod:`~gpumagic.cuda.kernel_trace`: torch.profiler's record of the kernels, copies
-  and memsets a stretch of code ran and the torch ops that launched them, as plain
-  records (``%lprun --gpu``);
 * :mod:`~gpumagic.cuda.op_counts`: the FLOPs (torch's ``FlopCounterMode``) and bytes
   of one call, for ``%cudatime``'s roofline; torch, but no CUDA API;
 * :mod:`~gpumagic.cuda.process_group`: ``torch.distributed``'s rendezvous and process
-  group for tests run in several rank processes.
+  group for tests run in several rank processes;
+* :mod:`~gpumagic.cuda.run_store`: the launcher's store, shared by the pytest processes
+  of a run that torchrun, ``srun`` or ``mpirun`` started.
 
 Rules kept here:
 
@@ -89,15 +88,6 @@ from gpumagic.cuda.discovery import (
     visible_devices,
 )
 from gpumagic.cuda.flags import torch_default_cache_dir, torch_flags
-from gpumagic.cuda.kernel_trace import (
-    DeviceWork,
-    HostOp,
-    KernelRecorder,
-    KernelTrace,
-    RuntimeCall,
-    profiler_running,
-    start_kernel_trace,
-)
 from gpumagic.cuda.objects import (
     TensorFacts,
     graph_owners,
@@ -108,7 +98,7 @@ from gpumagic.cuda.objects import (
     tensors_among,
     torch_device,
 )
-from gpumagic.cuda.op_counts import OpCounts, count_ops
+from gpumagic.cuda.op_counts import OpCounts, can_count, count_ops, load_counters
 from gpumagic.cuda.process_group import (
     UnexpectedStoreValue,
     connect_store,
@@ -123,6 +113,7 @@ from gpumagic.cuda.process_group import (
     unknown_backends,
     wait_for_ranks,
 )
+from gpumagic.cuda.run_store import RunStore, StoreGone, open_run_store
 from gpumagic.cuda.runtime import (
     DevicePeaks,
     GraphCaptureError,
@@ -150,17 +141,14 @@ __all__ = [
     "AsyncCudaError",
     "CudaUnavailable",
     "DevicePeaks",
-    "DeviceWork",
     "GraphCaptureError",
-    "HostOp",
     "ImplicitSyncError",
     "KernelProfile",
-    "KernelRecorder",
-    "KernelTrace",
     "NvmlMemory",
     "OpCounts",
-    "RuntimeCall",
+    "RunStore",
     "SmClock",
+    "StoreGone",
     "SyncEvent",
     "TensorFacts",
     "UnexpectedStoreValue",
@@ -169,6 +157,7 @@ __all__ = [
     "allocator_backend",
     "allocator_stats",
     "async_error",
+    "can_count",
     "capture_graph",
     "catch_syncs",
     "clear_fft_plan_caches",
@@ -196,14 +185,15 @@ __all__ = [
     "l2_flush_buffer",
     "leave_group",
     "live_groups",
+    "load_counters",
     "mark_rank_done",
     "memory_history_enabled",
     "memory_snapshot",
     "nvml_memory_info",
     "nvml_processes",
     "on_cuda_init",
+    "open_run_store",
     "profile_kernels",
-    "profiler_running",
     "rank_device",
     "rank_environment",
     "record_event",
@@ -217,7 +207,6 @@ __all__ = [
     "set_sync_debug_mode",
     "sm_clock",
     "spin",
-    "start_kernel_trace",
     "start_memory_history",
     "start_torch",
     "status",

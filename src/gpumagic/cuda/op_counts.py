@@ -36,7 +36,7 @@ from gpumagic.cuda.discovery import torch_module
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-__all__ = ["OpCounts", "count_ops"]
+__all__ = ["OpCounts", "can_count", "count_ops", "load_counters"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def count_ops(call: Callable[[], object]) -> OpCounts | None:
     ``None`` when torch was never imported: the call cannot have run torch ops (and
     importing torch to find that out would cost a second).
     """
-    if "torch" not in sys.modules:
+    if not can_count():
         return None
     torch = torch_module()
     from torch.utils.flop_counter import FlopCounterMode
@@ -129,6 +129,29 @@ def count_ops(call: Callable[[], object]) -> OpCounts | None:
         not_counted=tuple(totals.not_counted),
         bytes_by_dtype=dict(totals.bytes_by_dtype),
     )
+
+
+def can_count() -> bool:
+    """Whether :func:`count_ops` can count anything here: torch was imported (a body
+    that never imported it ran no torch op)."""
+    return "torch" in sys.modules
+
+
+def load_counters() -> bool:
+    """Load what :func:`count_ops` needs, once a process, so a caller can time it on its
+    own: torch's first op under a dispatch mode imports several hundred modules (sympy
+    among them), which is slow once. Returns whether they were loaded now (``False``: they
+    already were). One op on a one-element CPU tensor: no CUDA context."""
+    if _load_counters.cache_info().currsize:
+        return False
+    _load_counters()
+    return True
+
+
+@functools.cache
+def _load_counters() -> None:
+    torch = torch_module()
+    count_ops(lambda: torch.zeros(1) + 1)
 
 
 @functools.cache

@@ -135,12 +135,13 @@ def rank_device(device_index: int | None) -> torch.device:
     return device  # noqa: RET504 -- typed: torch_module() is a ModuleType
 
 
-def connect_store(port: int, world_size: int, timeout_s: float) -> None:
-    """Connect this rank to the store at ``port`` (once per process)."""
+def connect_store(port: int, world_size: int, timeout_s: float, *, host: str = HOST) -> None:
+    """Connect this rank to the store at ``host:port`` (once per process): the pytest
+    process's on this host, or a launched run's (:mod:`gpumagic.cuda.run_store`)."""
     if _STORES:
         return
     dist = _distributed()
-    store = dist.TCPStore(HOST, port, world_size, False, datetime.timedelta(seconds=timeout_s))
+    store = dist.TCPStore(host, port, world_size, False, datetime.timedelta(seconds=timeout_s))
     _STORES[:] = [store]
 
 

@@ -1,8 +1,8 @@
 """The job of a ``cuda_distributed`` test's ranks, as every rank reads it.
 
 :class:`RankJob` is what the test is (its module, its pickled call, its marker, its
-devices, its leak check); :class:`JobRun` is one run of it by a set of rank processes
-(the store's port, the process group's generation and timeout, warm or fresh ranks).
+devices, its leak check and memory limit); :class:`JobRun` is one run of it by a set of
+rank processes (the store's port, the process group's generation and timeout, warm or fresh ranks).
 The launcher (:mod:`pytest_cuda.distributed.launch`) writes a :class:`JobRun` to the
 job's folder, a private temporary directory; each rank
 (:mod:`pytest_cuda.distributed.rank_main`) reads it back with :func:`read_job`. The
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pytest_cuda.distributed.ranks import DistributedSpec
     from pytest_cuda.leaks.engine import LeakSettings
 
-__all__ = ["JOB_FILE", "JobRun", "RankJob", "read_job"]
+__all__ = ["JOB_FILE", "JobRun", "RankJob", "StorePlace", "read_job"]
 
 #: The job's file in its folder.
 JOB_FILE = "job.pickle"
@@ -54,6 +54,22 @@ class RankJob:
     #: How the pytest process checks the test for leaks, for each rank to check itself
     #: the same way (``None``: the leak check does not apply to it).
     leak: LeakSettings | None
+    #: The test's CUDA memory limit, ``(bytes, where it comes from)``: each rank's peak
+    #: on its own device is held to it (``None``: no limit).
+    limit: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True)
+class StorePlace:
+    """Where a job's ranks find their store and their keys in it: the pytest process's
+    store on the loopback address, or a launched run's (``--cuda-ranks=env``)."""
+
+    host: str = "127.0.0.1"
+    #: The prefix of the process group's keys (each generation under its own).
+    group_prefix: str = "pytest_cuda/"
+    #: The launcher's local rank of a launched run's rank (``LOCAL_RANK``), else
+    #: ``None``: the rank's number.
+    local_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,10 @@ class JobRun:
     startup: float
     #: Warm ranks, kept for the next test (else fresh ones for this test alone).
     warm: bool
+    place: StorePlace = StorePlace()
+    #: Join the process group only, and run no test: the warm-up of a test's set-up,
+    #: so that the ranks' start-up is not charged to its call (issue 40).
+    warmup: bool = False
 
     def write(self, folder: Path) -> None:
         """Write this run to ``folder``'s :data:`JOB_FILE`."""

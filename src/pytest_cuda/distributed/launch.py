@@ -20,11 +20,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from gpumagic import cuda
-from pytest_cuda.distributed.job import JobRun
+from pytest_cuda.distributed.job import JobRun, StorePlace
 from pytest_cuda.distributed.rank_main import (
     body_path,
     err_path,
@@ -36,21 +37,27 @@ from pytest_cuda.distributed.rank_main import (
 from pytest_cuda.distributed.ranks import FAILURE_GRACE_S, RankOutcome
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.ranks import DistributedSpec
 
 __all__ = [
     "GOOD_ENDS",
+    "STACK_WAIT_S",
     "STARTUP_S",
+    "LocalRank",
+    "RankView",
     "TimedOut",
+    "Watch",
     "group_timeout",
     "kill_all",
     "run_ranks",
     "start_rank",
     "startup_limit",
+    "stop_and_read",
     "watch_job",
+    "watch_ranks",
     "write_job",
 ]
 
@@ -63,7 +70,9 @@ _POLL_S = 0.01
 #: The states of a rank that ended well.
 GOOD_ENDS = ("passed", "skipped", "xfailed")
 
-TimedOut = Literal["timeout", "startup"] | None
+#: Which limit ended a watch: the test's timeout, the start-up limit, a failure
+#: elsewhere ("failure": another host's rank failed, its grace ran out), or none.
+TimedOut = Literal["timeout", "startup", "failure"] | None
 
 
 def startup_limit(spec: DistributedSpec) -> float:
@@ -88,9 +97,12 @@ def write_job(
     generation: int,
     group_timeout_s: float,
     warm: bool,
+    place: StorePlace | None = None,
+    warmup: bool = False,
 ) -> None:
     """The job's file in ``folder``, which every rank reads: ``job``, run with this
-    process's ``sys.path``."""
+    process's ``sys.path``; ``place``: where the store is (default: this process's, on
+    the loopback address); ``warmup``: join the group only, run no test."""
     JobRun(
         job,
         port=port,
@@ -101,6 +113,8 @@ def write_job(
         group_timeout=group_timeout_s,
         startup=startup_limit(job.spec),
         warm=warm,
+        place=place or StorePlace(),
+        warmup=warmup,
     ).write(folder)
 
 
@@ -131,15 +145,24 @@ def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcom
 
 
 def start_rank(
-    args: list[str], out: IO[bytes], err: IO[bytes], cwd: Path, *, stdin: bool
+    args: list[str],
+    out: IO[bytes],
+    err: IO[bytes],
+    cwd: Path,
+    *,
+    stdin: bool,
+    loopback: bool = True,
 ) -> subprocess.Popen[bytes]:
     """A rank process, ``python -m pytest_cuda.distributed.rank_main ARGS``, in a session
-    of its own; ``stdin``: a pipe for its jobs (a warm rank), else none."""
+    of its own; ``stdin``: a pipe for its jobs (a warm rank), else none; ``loopback``:
+    its backend's sockets on this host's loopback interface (every rank on this host),
+    else where the user's environment says (ranks on several hosts)."""
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
-    env.update(cuda.rank_environment(env))  # gloo's and NCCL's sockets on loopback
+    if loopback:
+        env.update(cuda.rank_environment(env))  # gloo's and NCCL's sockets on loopback
     return subprocess.Popen(
         [sys.executable, "-m", "pytest_cuda.distributed.rank_main", *args],
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -151,76 +174,130 @@ def start_rank(
     )
 
 
+class LocalRank:
+    """A rank process of this host, as the watch sees it: through its job's files."""
+
+    def __init__(self, folder: Path, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        self.folder = folder
+        self.rank = rank
+        self.proc = proc
+
+    def ended(self) -> bool:
+        return result_path(self.folder, self.rank).exists() or self.proc.poll() is not None
+
+    def ended_well(self) -> bool:
+        return _json(result_path(self.folder, self.rank)).get("state") in GOOD_ENDS
+
+    def started(self) -> bool:
+        return started_path(self.folder, self.rank).exists()
+
+
+class RankView(Protocol):
+    """A rank as a watch sees it: this host's (:class:`LocalRank`) or another's."""
+
+    rank: int
+
+    def ended(self) -> bool: ...
+    def ended_well(self) -> bool: ...
+    def started(self) -> bool: ...
+
+
+@dataclass
+class Watch:
+    """When each rank started its test and ended, as the watch saw it
+    (``time.monotonic()``)."""
+
+    start: float = field(default_factory=time.monotonic)
+    started: dict[int, float] = field(default_factory=dict)
+    ended: dict[int, float] = field(default_factory=dict)
+
+
 def watch_job(
-    procs: Sequence[subprocess.Popen[bytes]], folder: Path, job: RankJob
+    procs: Sequence[subprocess.Popen[bytes]],
+    folder: Path,
+    job: RankJob,
+    *,
+    ranks: Sequence[int] | None = None,
 ) -> tuple[list[RankOutcome], TimedOut]:
     """Watch the ranks run the job in ``folder`` to their end: a rank ends with its
     result, or when its process does. Ranks still running at a time limit, or after a
     failure's grace, write their stacks and are killed (every rank of ``procs``: the
-    caller starts new ones)."""
-    ended: dict[int, float] = {}
-    start = time.monotonic()
-    timed_out = _watch(procs, folder, job.spec, ended, startup_limit(job.spec))
+    caller starts new ones). ``ranks``: each process's rank (default: its position)."""
+    local = [
+        LocalRank(folder, rank, proc)
+        for rank, proc in zip(ranks or range(len(procs)), procs, strict=True)
+    ]
+    watch = Watch()
+    timed_out = watch_ranks(local, job.spec, watch, startup_limit(job.spec))
+    return stop_and_read(local, folder, job, watch), timed_out
+
+
+def stop_and_read(
+    local: Sequence[LocalRank], folder: Path, job: RankJob, watch: Watch
+) -> list[RankOutcome]:
+    """Stop the ``local`` ranks still running (their stacks first), then read how
+    each ended."""
     decided = time.monotonic()  # what a stopped rank says after this, the stop made
-    stopped = [rank for rank in range(len(procs)) if rank not in ended]
+    stopped = [view for view in local if view.rank not in watch.ended]
     if stopped:
-        _dump_stacks(procs, stopped, folder)
-        kill_all(procs)
-    devices = [f"cuda:{i}" for i in job.devices] or ["cpu"] * job.spec.world_size
+        _dump_stacks([view.proc for view in stopped], [view.rank for view in stopped], folder)
+        kill_all([view.proc for view in local])
     stop = time.monotonic()
-    outcomes = [
-        _outcome(
+    outcomes = []
+    for view in local:
+        device = f"cuda:{job.devices[view.rank]}" if job.devices else "cpu"
+        outcome = _outcome(
             folder,
-            rank,
-            proc,
-            devices[rank],
-            stopped=rank in stopped,
-            start=start,
-            ended=ended.get(rank, stop),
+            view.rank,
+            view.proc,
+            device,
+            stopped=view in stopped,
+            start=watch.start,
+            ended=watch.ended.get(view.rank, stop),
             decided=decided,
         )
-        for rank, proc in enumerate(procs)
-    ]
-    for outcome in outcomes:
         if outcome.state in ("stopped", "exited"):
-            outcome.seconds = outcome.finished_at
-    return outcomes, timed_out
+            # From when it started its test: its start-up is not the test's (issue 40).
+            began = watch.started.get(view.rank, watch.start) - watch.start
+            outcome.seconds = max(0.0, outcome.finished_at - began)
+        outcomes.append(outcome)
+    return outcomes
 
 
-def _has_ended(folder: Path, rank: int, proc: subprocess.Popen[bytes]) -> bool:
-    return result_path(folder, rank).exists() or proc.poll() is not None
-
-
-def _ended_well(folder: Path, rank: int) -> bool:
-    return _json(result_path(folder, rank)).get("state") in GOOD_ENDS
-
-
-def _watch(
-    procs: Sequence[subprocess.Popen[bytes]],
-    folder: Path,
+def watch_ranks(
+    views: Sequence[RankView],
     spec: DistributedSpec,
-    ended: dict[int, float],
+    watch: Watch,
     startup: float,
-) -> Literal["timeout", "startup"] | None:
+    *,
+    tick: Callable[[], TimedOut] | None = None,
+) -> TimedOut:
     """Wait for every rank: until the start-up limit while they set up, then until the
-    test's timeout, or until a failure's grace runs out."""
+    test's timeout, counted from when every rank started the test, or until a
+    failure's grace runs out. ``tick``, called at each look, may end the watch with a
+    reason of its own (another host decided)."""
     startup_deadline = time.monotonic() + startup
     deadline: float | None = None
     failed_at: float | None = None
     while True:
         now = time.monotonic()
-        for rank, proc in enumerate(procs):
-            if rank not in ended and _has_ended(folder, rank, proc):
-                ended[rank] = now
-                if failed_at is None and not _ended_well(folder, rank):
+        for view in views:
+            if view.rank not in watch.started and view.started():
+                watch.started[view.rank] = now
+            if view.rank not in watch.ended and view.ended():
+                watch.ended[view.rank] = now
+                watch.started.setdefault(view.rank, now)
+                if failed_at is None and not view.ended_well():
                     failed_at = now
-        if len(ended) == len(procs):
+        if len(watch.ended) == len(views):
             return None
+        if tick is not None and (told := tick()) is not None:
+            return told
         if failed_at is not None:
             if now >= failed_at + FAILURE_GRACE_S:
                 return None
         elif deadline is None:
-            if all(started_path(folder, rank).exists() for rank in range(len(procs))):
+            if len(watch.started) == len(views):
                 deadline = now + spec.timeout
             elif now >= startup_deadline:
                 return "startup"
@@ -230,12 +307,13 @@ def _watch(
 
 
 def _dump_stacks(procs: Sequence[subprocess.Popen[bytes]], ranks: list[int], folder: Path) -> None:
-    """Ask each rank still running for its Python stack; wait until each wrote it."""
+    """Ask each rank still running (``procs``, of ``ranks``) for its Python stack; wait
+    until each wrote it."""
     if not ranks or not hasattr(signal, "SIGUSR1"):
         return
-    for rank in ranks:
+    for proc in procs:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(procs[rank].pid, signal.SIGUSR1)
+            os.kill(proc.pid, signal.SIGUSR1)
     deadline = time.monotonic() + STACK_WAIT_S
     sizes: dict[int, int] = {}
     while time.monotonic() < deadline:

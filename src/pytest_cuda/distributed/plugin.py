@@ -17,10 +17,11 @@ the function takes are pickled and sent to every rank; ``cuda_rank`` is each ran
 The test fails if any rank fails: the report names the rank, its traceback and the
 state of the others, with each rank's output as a report section. A test still running
 after ``timeout`` seconds is stopped with every rank's Python stack in the report. The
-leak check (``--cuda-leak-check``, the ``cuda_leak_check`` marker) and the post-test
-CUDA health check run inside each rank. Loaded with :mod:`pytest_cuda.plugin` (its
-``MODE_PLUGINS``); the device requirement (one device per rank on a GPU backend) is
-checked there with every other ``cuda`` requirement.
+leak check (``--cuda-leak-check``, the ``cuda_leak_check`` marker), the memory limit
+(``--cuda-limit-memory``, the ``cuda_limit_memory`` marker: each rank's peak on its own
+device) and the post-test CUDA health check run inside each rank. Loaded with
+:mod:`pytest_cuda.plugin` (its ``MODE_PLUGINS``); the device requirement (one device
+per rank on a GPU backend) is checked there with every other ``cuda`` requirement.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from pytest_cuda.distributed.ranks import MARKER, RANK_DEVICES, RankInfo, parse_distributed_marker
-from pytest_cuda.leaks.plugin import CHECKER_NAME
+from pytest_cuda.leaks.plugin import CHECKER_NAME, LIMITER_NAME
+from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
+    from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.pool import RankPools
     from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome
     from pytest_cuda.leaks.engine import LeakSettings
@@ -99,21 +102,92 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     pytest.fail(malformed, pytrace=False)  # outside the except: no "During handling"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Before the other plugins configure. Read raw: the settings are built at configure,
+    # once pytest-xdist has set --dist from -n (their xdist_controller reads it).
+    if getattr(config.option, "cuda_ranks", None) == "env":
+        from pytest_cuda.distributed.launched_plugin import check_launched
+
+        check_launched(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if settings_of(config).ranks == "env":  # after the terminal reporter's
+        from pytest_cuda.distributed.launched_plugin import open_launched
+
+        open_launched(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The ranks' start-up, in the test's set-up (issue 40): the warm ranks start, if
+    none are running, and join the test's process group, so that its call is its
+    body's and its timeout counts from when every rank started the body."""
+    mark = item.get_closest_marker(MARKER)
+    if mark is None or not isinstance(item, pytest.Function):
+        return
+    try:
+        spec = parse_distributed_marker(mark.args, mark.kwargs)
+    except ValueError:
+        return  # the call says so
+    from pytest_cuda.distributed.launched_plugin import ORDER, launched_run
+
+    run = launched_run(item.config)
+    if run is not None and spec.world_size > run.world.world_size:
+        pytest.skip(
+            f"cuda_distributed(world_size={spec.world_size}) needs {spec.world_size} ranks; "
+            f"{run.world.launcher} started {run.world.world_size} (--cuda-ranks=env)"
+        )
+    if spec.isolate and run is None:
+        return  # fresh ranks of its own, started by its call
+    job = _rank_job(item, spec, call=b"")
+    pool = rank_pools(item.config).pool(job)
+    if run is not None:
+        from pytest_cuda.distributed.launched import LaunchedPool, prepare_launched
+
+        assert isinstance(pool, LaunchedPool)  # the run's pools are
+        failed = prepare_launched(item, pool, job, Path.cwd(), item.stash.get(ORDER, None))
+    else:
+        failed = pool.prepare(job, Path.cwd())
+    if failed is not None:
+        from pytest_cuda.distributed.launch import startup_limit
+        from pytest_cuda.distributed.ranks import verdict
+
+        outcomes, timed_out = failed
+        _add_sections(item, outcomes, "setup")
+        name = f"{item.name} (starting its ranks)"
+        text = verdict(
+            outcomes, spec, timed_out=timed_out, name=name, startup_s=startup_limit(spec)
+        )
+        pytest.fail(text.text, pytrace=False)
+
+
 def rank_pools(config: pytest.Config) -> RankPools:
     """This session's warm rank pools, made on first use and closed with the session."""
     pools = config.stash.get(_POOLS, None)
     if pools is None:
+        from pytest_cuda.distributed.launched_plugin import launched_run
         from pytest_cuda.distributed.pool import RankPools
 
-        pools = config.stash[_POOLS] = RankPools()
+        run = launched_run(config)
+        if run is None:
+            pools = RankPools()
+        else:
+            from pytest_cuda.distributed.launched import LaunchedPool
+
+            pools = RankPools(lambda key, folder: LaunchedPool(key, folder, run))
+        config.stash[_POOLS] = pools
         config.add_cleanup(pools.close)
     return pools
 
 
-def _run(item: pytest.Function, spec: DistributedSpec) -> None:
+def _rank_job(
+    item: pytest.Function, spec: DistributedSpec, *, call: bytes | None = None
+) -> RankJob:
+    """The job of the test's ranks; ``call``: instead of the pickled test (a warm-up's)."""
     from pytest_cuda.distributed.job import RankJob
-    from pytest_cuda.distributed.launch import run_ranks, startup_limit
-    from pytest_cuda.distributed.ranks import verdict
 
     devices: tuple[int, ...] = ()
     if spec.uses_cuda:
@@ -124,17 +198,27 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
                 f"{spec.world_size} ranks (is the cuda plugin's device check switched off?)",
                 pytrace=False,
             )
-    job = RankJob(
+    return RankJob(
         name=item.name,
         module=item.module.__name__,
         module_file=str(item.path),
-        call=_pickled_call(item),
+        call=_pickled_call(item) if call is None else call,
         wants_rank=RANK_FIXTURE in item._fixtureinfo.argnames,
         spec=spec,
         devices=devices,
         leak=_rank_leak_settings(item),
+        limit=_rank_limit(item),
     )
-    if spec.isolate:
+
+
+def _run(item: pytest.Function, spec: DistributedSpec) -> None:
+    from pytest_cuda.distributed.launch import run_ranks, startup_limit
+    from pytest_cuda.distributed.launched_plugin import launched_run
+    from pytest_cuda.distributed.ranks import verdict
+
+    job = _rank_job(item, spec)
+    run = launched_run(item.config)
+    if spec.isolate and run is None:
         folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
         try:
             outcomes, timed_out = run_ranks(job, folder, cwd=Path.cwd())
@@ -142,6 +226,11 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
             shutil.rmtree(folder, ignore_errors=True)
     else:
         outcomes, timed_out = rank_pools(item.config).pool(job).run(job, Path.cwd())
+    if run is not None and run.lost:
+        item.session.shouldstop = (
+            f"--cuda-ranks=env: the hosts of rank(s) {', '.join(map(str, run.lost))} stopped "
+            "answering; the run ends with the results so far"
+        )
     _add_sections(item, outcomes)
     _warn(item, outcomes)
     _merge_leaks(item, outcomes)
@@ -220,6 +309,16 @@ def _rank_leak_settings(item: pytest.Item) -> LeakSettings | None:
     return checked_for_leaks(item)
 
 
+def _rank_limit(item: pytest.Item) -> tuple[int, str] | None:
+    """The memory limit planned for this test (each rank is held to it on its own
+    device), or ``None``."""
+    if item.config.pluginmanager.get_plugin(LIMITER_NAME) is None:
+        return None  # no limit in this run: leaks.limiter is not even imported
+    from pytest_cuda.leaks.limiter import planned_limit
+
+    return planned_limit(item)
+
+
 def _merge_leaks(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
     """The ranks' leak reports, for the test's own verdict at its teardown."""
     found = [outcome.leak for outcome in outcomes if outcome.leak is not None]
@@ -229,12 +328,12 @@ def _merge_leaks(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
         add_rank_reports(item, found)
 
 
-def _add_sections(item: pytest.Item, outcomes: list[RankOutcome]) -> None:
+def _add_sections(item: pytest.Item, outcomes: list[RankOutcome], when: str = "call") -> None:
     for outcome in outcomes:
         if outcome.stdout:
-            item.add_report_section("call", f"stdout (rank {outcome.rank})", outcome.stdout)
+            item.add_report_section(when, f"stdout ({outcome.who()})", outcome.stdout)
         if outcome.stderr:
-            item.add_report_section("call", f"stderr (rank {outcome.rank})", outcome.stderr)
+            item.add_report_section(when, f"stderr ({outcome.who()})", outcome.stderr)
 
 
 def _warn(item: pytest.Item, outcomes: list[RankOutcome]) -> None:

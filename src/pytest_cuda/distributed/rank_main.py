@@ -15,11 +15,8 @@ of file. ``SIGUSR1`` makes it write every thread's Python stack to ``rank<N>.sta
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import faulthandler
-import importlib
-import importlib.util
 import json
 import os
 import pickle
@@ -34,11 +31,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from types import ModuleType, TracebackType
+    from types import TracebackType
 
     from pytest_cuda.distributed.job import JobRun, RankJob
     from pytest_cuda.distributed.leftovers import RankState
     from pytest_cuda.leaks.engine import LeakCheck
+    from pytest_cuda.leaks.limit_watch import LimitWatch
 
 __all__ = [
     "body_path",
@@ -141,8 +139,14 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
     if job_run.cwd:
         os.chdir(job_run.cwd)
     world_size = str(job_run.job.spec.world_size)
+    local = job_run.place.local_rank
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=world_size
+        RANK=str(rank),
+        LOCAL_RANK=str(rank if local is None else local),
+        WORLD_SIZE=world_size,
+        LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", world_size)
+        if local is not None
+        else world_size,
     )
     result = _Rank(job_run, process, folder).run()
     if idle is not None:  # the job's output complete before its result
@@ -174,14 +178,16 @@ class _Rank:
         self.joined = False
         self.before: RankState | None = None
         self.leak_check: LeakCheck | None = None
+        self.limit: LimitWatch | None = None
         self.warnings: list[warnings.WarningMessage] = []
 
     def run(self) -> dict[str, Any]:
         try:
             return self._run()
         finally:
-            if self.leak_check is not None:  # not judged: the test failed
-                self.leak_check.close()
+            for check in (self.leak_check, self.limit):  # not judged: the test failed
+                if check is not None:
+                    check.close()
 
     def _run(self) -> dict[str, Any]:
         result = self._guarded(self._body)
@@ -245,7 +251,8 @@ class _Rank:
         from gpumagic import cuda
 
         job_run, spec, process = self.job_run, self.job.spec, self.process
-        cuda.connect_store(job_run.port, spec.world_size, job_run.startup)
+        place = job_run.place
+        cuda.connect_store(job_run.port, spec.world_size, job_run.startup, host=place.host)
         if process.generation == job_run.generation:
             return process.group
         if process.generation is not None:
@@ -256,7 +263,7 @@ class _Rank:
             self.rank,
             spec.world_size,
             device=device,
-            prefix=f"pytest_cuda/group{job_run.generation}/",
+            prefix=f"{place.group_prefix}group{job_run.generation}/",
             group_timeout_s=job_run.group_timeout,
         )
         process.generation = job_run.generation
@@ -267,7 +274,14 @@ class _Rank:
         from pytest_cuda.distributed.ranks import RankInfo
 
         job, rank = self.job, self.rank
-        _import_test_module(job.module, job.module_file)
+        if self.job_run.warmup:  # the group only: the ranks' start-up, in the test's set-up
+            self._join(cuda.rank_device(job.devices[rank] if job.devices else None))
+            self.joined = True
+            started_path(self.folder, rank).touch()
+            return {"state": "passed"}
+        from pytest_cuda.distributed.module_import import import_test_module
+
+        import_test_module(job.module, job.module_file)
         function, kwargs = pickle.loads(job.call)
         device = cuda.rank_device(job.devices[rank] if job.devices else None)
         group = self._join(device)
@@ -279,16 +293,23 @@ class _Rank:
             from pytest_cuda.distributed.leftovers import capture
 
             self.before = capture()
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        outermost = (code.co_filename, code.co_name) if code is not None else None
+        if job.limit is not None:  # before the leak check's recording: it keeps the events'
+            from pytest_cuda.leaks.limit_watch import LimitWatch
+
+            devices = (job.devices[rank],) if job.devices else None
+            self.limit = LimitWatch.recorded(*job.limit, outermost=outermost, devices=devices)
         if job.leak is not None:
             from pytest_cuda.leaks.engine import LeakCheck
 
             # The same check as the pytest process's, stacks recorded: its stacks are
             # cut at the test function.
-            code = getattr(getattr(function, "__func__", function), "__code__", None)
-            outermost = (code.co_filename, code.co_name) if code is not None else None
             self.leak_check = LeakCheck.alone(job.leak, outermost=outermost)
             self.leak_check.begin()
         started_path(self.folder, rank).touch()
+        if self.limit is not None:
+            self.limit.begin()
         function(**kwargs)
         del function, kwargs
         # The health check first: an asynchronous error would surface in the leak
@@ -302,6 +323,10 @@ class _Rank:
                 f"{error.message.strip().splitlines()[0]}",
                 "traceback": error.message,
             }
+        root = job.leak.root if job.leak is not None else os.getcwd()
+        over = self.limit.failure(f"{job.name} on rank {rank}", root) if self.limit else None
+        if over is not None:
+            return {"state": "failed", "message": over[0], "traceback": over[1]}
         return {"state": "passed"}
 
     def _leftovers(self, *, groups: bool) -> list[str]:
@@ -327,7 +352,7 @@ class _Rank:
         # Longer than the launcher waits: a rank never leaves before the others finish.
         cuda.wait_for_ranks(spec.world_size, job_run.job_id, spec.timeout + job_run.startup)
         # A test's own group goes with it: groups it kept are no leftover then.
-        leaving = spec.fresh_group or not job_run.warm
+        leaving = (spec.fresh_group or not job_run.warm) and not job_run.warmup
         left = self._leftovers(groups=not leaving)
         if leaving:
             self.process.generation = self.process.group = None
@@ -402,46 +427,6 @@ def _from_test(tb: TracebackType | None, path: str) -> TracebackType | None:
     while tb is not None and tb.tb_frame.f_code.co_filename != path:
         tb = tb.tb_next
     return tb
-
-
-def _import_test_module(name: str, path: str) -> ModuleType:
-    """The test module under the name pytest gave it, so pickled references resolve."""
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
-    package = name.rpartition(".")[0]
-    if package:
-        importlib.import_module(package)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import the test module {name} from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    run = _rewritten(path) or spec.loader.exec_module
-    try:
-        run(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _rewritten(path: str) -> Callable[[ModuleType], None] | None:
-    """Running the module with pytest's assertion rewriting, where pytest offers it."""
-    try:
-        from _pytest.assertion.rewrite import rewrite_asserts
-
-        source = Path(path).read_bytes()
-        tree = ast.parse(source, filename=path)
-        rewrite_asserts(tree, source, path)
-        code = compile(tree, path, "exec", dont_inherit=True)
-    except Exception:
-        return None
-
-    def run(module: ModuleType) -> None:
-        exec(code, module.__dict__)
-
-    return run
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Pure logic (no torch; pytest only for a stash key): the plugin
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
@@ -17,16 +17,21 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from pytest_cuda.distributed.world import LaunchedWorld
+
 __all__ = [
     "CPU_BACKENDS",
     "FAILURE_GRACE_S",
+    "LAUNCHED_WORLD",
     "MARKER",
     "RANK_DEVICES",
     "DistributedSpec",
     "RankInfo",
     "RankOutcome",
     "Verdict",
+    "devices_needed",
     "parse_distributed_marker",
+    "rank_devices",
     "verdict",
 ]
 
@@ -45,6 +50,8 @@ DEATH_MARGIN_S = 0.5
 
 #: The device index of each rank, stashed on a test by the device check before it runs.
 RANK_DEVICES = pytest.StashKey[tuple[int, ...]]()
+#: This process's place in a launched run (``--cuda-ranks=env``), stashed on the config.
+LAUNCHED_WORLD: pytest.StashKey[LaunchedWorld] = pytest.StashKey()
 
 State = Literal["passed", "failed", "skipped", "xfailed", "stopped", "exited"]
 
@@ -54,8 +61,12 @@ class DistributedSpec:
     """``cuda_distributed(world_size=2, backend="nccl", timeout=60, fresh_group=False,
     isolate=False)``; ``backend`` in lower case, as torch compares it."""
 
+    #: How many rank processes run the test.
     world_size: int = 2
+    #: The process group's backend (``"nccl"``, ``"gloo"``...).
     backend: str = "nccl"
+    #: Seconds the test may take on its ranks before they are stopped and their stacks
+    #: shown.
     timeout: float = 60.0
     #: Build the process group for this test and destroy it after (warm ranks).
     fresh_group: bool = False
@@ -98,6 +109,25 @@ def parse_distributed_marker(
     )
 
 
+def devices_needed(config: pytest.Config, spec: DistributedSpec) -> int:
+    """How many selected devices this process needs for a test's ranks: one per rank,
+    or, in a launched run, its local rank's (the others are other processes')."""
+    world = config.stash.get(LAUNCHED_WORLD, None)
+    return spec.world_size if world is None else world.local_rank + 1
+
+
+def rank_devices(
+    config: pytest.Config, spec: DistributedSpec, selected: Sequence[int]
+) -> tuple[int, ...]:
+    """The device of each rank, from the ``selected`` device indices; in a launched
+    run, this process's own rank's, its local rank's device (at every rank's place:
+    the others' are on their own processes)."""
+    world = config.stash.get(LAUNCHED_WORLD, None)
+    if world is None:
+        return tuple(selected[: spec.world_size])
+    return (selected[world.local_rank],) * spec.world_size
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """What the ``cuda_rank`` fixture gives each rank of a ``cuda_distributed`` test.
@@ -107,10 +137,15 @@ class RankInfo:
     the test and destroyed after it.
     """
 
+    #: This rank's index, 0 to ``world_size - 1``.
     rank: int
+    #: How many ranks run the test.
     world_size: int
+    #: The rank's ``torch.device``.
     device: Any
+    #: The process group's backend.
     backend: str
+    #: The default process group of ``torch.distributed``, set up before the test.
     group: Any = None
 
     @property
@@ -123,17 +158,30 @@ class RankInfo:
 class RankOutcome:
     """How one rank ended, read back by the launcher."""
 
+    #: The rank's index.
     rank: int
+    #: Its device (``"cuda:1"``, ``"cpu"``).
     device: str
+    #: ``passed``, ``failed``, ``skipped``, ``xfailed``, ``stopped`` (by the timeout or
+    #: another rank's failure) or ``exited`` (the process ended on its own).
     state: State
+    #: How long its test took.
     seconds: float = 0.0
+    #: Its failure or skip message.
     message: str = ""
+    #: Its failure's traceback, as pytest shows it.
     traceback: str = ""
+    #: The line it failed at, or was at when stopped.
     where: str = ""
+    #: Its Python stack when it was stopped (a hung rank).
     stack: str = ""
+    #: What it printed.
     stdout: str = ""
+    #: What it wrote to stderr.
     stderr: str = ""
+    #: The warnings it raised: (category, message, file, line).
     warnings: list[tuple[str, str, str, int]] = field(default_factory=list)
+    #: When it ended, in seconds from the test's start.
     finished_at: float = 0.0
     #: Its test body had ended, and it was still waiting for the others when stopped.
     waiting: bool = False
@@ -145,9 +193,35 @@ class RankOutcome:
     #: Its leak check's report (:meth:`pytest_cuda.leaks.report.LeakReport.to_dict`),
     #: when the check applied and the test body ended well.
     leak: dict[str, Any] | None = None
+    #: The host of a launched run's rank (``--cuda-ranks=env``), else empty.
+    host: str = ""
+    #: The node (the launcher's node rank) of a launched run's rank, else ``None``.
+    node: int | None = None
 
     def label(self) -> str:
+        """``"rank 1 (cuda:1)"``, as reports name the rank; a launched run's rank with
+        its host and node, ``"rank 1 on host-b (node 1, cuda:0)"``."""
+        if self.host:
+            return f"rank {self.rank} on {self.host} (node {self.node}, {self.device})"
         return f"rank {self.rank} ({self.device})"
+
+    def who(self) -> str:
+        """``rank 1``; a launched run's rank, ``rank 1 on host-b (node 1)``."""
+        where = f" on {self.host} (node {self.node})" if self.host else ""
+        return f"rank {self.rank}{where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plain data (JSON), for a launched run's rank 0 to read."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankOutcome:
+        """The outcome :meth:`to_dict` wrote (fields this version does not know are
+        left out)."""
+        known = {f.name for f in fields(cls)}
+        found = {name: value for name, value in data.items() if name in known}
+        found["warnings"] = [tuple(w) for w in found.get("warnings", [])]
+        return cls(**found)
 
     @property
     def reusable(self) -> bool:
@@ -221,7 +295,8 @@ def _stack_lines(outcome: RankOutcome) -> list[str]:
 
 def _without_runner(stack: str) -> str:
     """A faulthandler dump without the frames that only start the rank."""
-    runner = ('File "<frozen runpy>"', f"{os.sep}pytest_cuda{os.sep}rank_main.py")
+    here = f"{os.sep}pytest_cuda{os.sep}distributed{os.sep}"
+    runner = ('File "<frozen runpy>"', f"{here}rank_main.py", f"{here}module_import.py")
     return "\n".join(line for line in stack.splitlines() if not any(r in line for r in runner))
 
 
@@ -229,7 +304,7 @@ def verdict(
     outcomes: Sequence[RankOutcome],
     spec: DistributedSpec,
     *,
-    timed_out: Literal["timeout", "startup"] | None,
+    timed_out: Literal["timeout", "startup", "failure"] | None,
     name: str,
     startup_s: float = 0.0,
 ) -> Verdict:
@@ -238,14 +313,17 @@ def verdict(
     failed = _first_failure_first(outcomes)
     stopped = [o for o in outcomes if o.state == "stopped"]
     if timed_out == "startup":
-        names = ", ".join(f"rank {o.rank}" for o in stopped if not o.started)
+        names = ", ".join(o.who() for o in stopped if not o.started)
         headline = (
             f"{name}: the ranks did not all start within {startup_s:g} s (Python, torch, "
             f"CUDA and the process group's rendezvous): {names} never started the test"
         )
         stop_reason = f"the start-up limit of {startup_s:g} s ran out"
+    elif timed_out == "failure":  # a launched run's rank, stopped for another's failure
+        headline = f"{name}: stopped after a rank on another host failed (rank 0 reports it)"
+        stop_reason = "a rank on another host failed"
     elif timed_out:
-        names = ", ".join(f"rank {o.rank}" for o in stopped) or "the ranks"
+        names = ", ".join(o.who() for o in stopped) or "the ranks"
         headline = (
             f"{name}: timed out after {spec.timeout:g} s (cuda_distributed timeout): "
             f"{names} never finished"
@@ -253,7 +331,10 @@ def verdict(
         stop_reason = f"the test's timeout of {spec.timeout:g} s ran out"
     elif failed:
         first = failed[0]
-        headline = f"{name}: rank {first.rank} of {spec.world_size} failed: {_headline(first)}"
+        where = f" on {first.host} (node {first.node})" if first.host else ""
+        headline = (
+            f"{name}: rank {first.rank} of {spec.world_size}{where} failed: {_headline(first)}"
+        )
         stop_reason = f"{FAILURE_GRACE_S:g} s after rank {first.rank} failed"
     elif stopped:  # pragma: no cover - stopped ranks come with a timeout or a failure
         headline, stop_reason = f"{name}: ranks were stopped", "stopped"
@@ -262,7 +343,7 @@ def verdict(
     lines = [headline, ""]
     for outcome in sorted(outcomes, key=lambda o: o.rank):
         lines += _describe(outcome, stop_reason, failed[0] if failed else None)
-    if timed_out:
+    if timed_out in ("timeout", "startup"):
         lines += [
             "",
             "A rank that never joins a collective leaves the others waiting in it: the "

@@ -38,11 +38,18 @@ class NoCudaLeak:
     """The context manager behind :func:`no_cuda_leak`; after the block, ``result`` holds
     the :class:`~pytest_cuda.leaks.result.LeakResult` (``None`` when the block raised)."""
 
+    #: Bytes per device the block may leave allocated.
     tolerance: int = 0
+    #: ``"fail"`` (raise :class:`~pytest_cuda.leaks.result.CudaLeakError`), ``"warn"`` (warn
+    #: :class:`~pytest_cuda.leaks.result.CudaLeakWarning`) or ``"off"``.
     mode: Mode = "fail"
+    #: Record allocation stacks during the block, so a leak names the line that allocated
+    #: it.
     trace: bool = True
     #: How reports name what was checked; default "the block at <file>:<line>".
     subject: str | None = None
+    #: After the block: the check's result; ``None`` when the block raised or
+    #: ``mode="off"``.
     result: LeakResult | None = field(default=None, init=False)
     _check: LeakCheck | None = field(default=None, init=False, repr=False)
     _where: str = field(default="the block", init=False, repr=False)

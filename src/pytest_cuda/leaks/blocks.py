@@ -41,6 +41,7 @@ def find_block_holders(
     budget_s: float | None = None,
     frozen_before: int | None = None,
     thaw: Callable[[], None] | None = None,
+    frames: bool = False,
 ) -> LeakHolderScan:
     """:func:`find_leak_holders` for the tensors whose storage lies in one of ``blocks``
     (``facts`` answers for every tensor); ``found`` counts the bytes of the blocks a
@@ -51,7 +52,7 @@ def find_block_holders(
     pool, or was allocated inside a library call (its innermost recorded frame is not
     the user's, by ``is_user(filename)``): torch.compile's CUDA graphs, cuDNN's dropout
     state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
-    ``budget_s``, ``frozen_before``, ``thaw``: see :func:`find_leak_holders`.
+    ``budget_s``, ``frozen_before``, ``thaw``, ``frames``: see :func:`find_leak_holders`.
     """
     spans: dict[str, list[Block]] = {}
     for block in blocks:
@@ -90,6 +91,7 @@ def find_block_holders(
         covered=covered,
         frozen_before=frozen_before,
         thaw=thaw,
+        frames=frames,
     )
     shown = {(b.device, b.address) for b in block_of.values()}
     hidden: dict[tuple[str, str], list[Block]] = {}
@@ -104,6 +106,7 @@ def find_block_holders(
             sum(b.size for b in group),
             tuple(sorted({f"cuda:{b.device}" for b in group})),
             tensors=0,
+            storages=tuple((f"cuda:{b.device}", b.address) for b in group),
         )
         for (path, kind), group in hidden.items()
     ]

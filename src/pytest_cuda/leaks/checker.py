@@ -52,6 +52,7 @@ from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterable
+    from pathlib import Path
 
 __all__ = [
     "LeakChecker",
@@ -80,6 +81,8 @@ class _Check:
     result: LeakResult | None = None
     peak: list[list[int]] | None = None
     failure: str | None = None
+    #: Where ``--cuda-memory-snapshot`` wrote its snapshot (or why it could not).
+    snapshot: str | None = None
     #: What its ranks' checks sent back (a ``cuda_distributed`` test).
     ranks: list[LeakReport] = field(default_factory=list)
     #: Every check's report, as the ``pytest_cuda_leak_report`` hooks left them.
@@ -98,8 +101,12 @@ class LeakChecker:
     """Measures the tests that are checked (``--cuda-leak-check``, the marker) and the
     peaks for ``--cuda-memory-report``; registered only when one of them is used."""
 
-    def __init__(self, config: pytest.Config, *, leaks: bool = True) -> None:
+    def __init__(
+        self, config: pytest.Config, *, leaks: bool = True, snapshots: Path | None = None
+    ) -> None:
         self.config = config
+        #: ``--cuda-memory-snapshot``'s folder: a leaking test's snapshot goes there.
+        self.snapshots = snapshots
         settings = settings_of(config)
         self.everywhere = settings.leak_check
         self.peaks = settings.memory_report > 0
@@ -314,6 +321,12 @@ class LeakChecker:
             self.reruns_left -= 1
             result = kept_by_library(replace(result, rerun=rerun_alone(self.config, item.nodeid)))
         check.result = result
+        if not result.clean and self.snapshots is not None:
+            from pytest_cuda.leaks.snapshots import snapshot_line
+
+            check.snapshot = snapshot_line(
+                self.snapshots, item.nodeid, "leaked", scan=result.holders, search_s=self.search_s
+            )
 
     def _collect(self, check: _Check) -> None:
         """The test's checks' reports, its own and its ranks', through the
@@ -361,6 +374,8 @@ class LeakChecker:
     def _annotate(self, report: pytest.TestReport, check: _Check) -> None:
         if check.peak:
             setattr(report, REPORT_PEAK, check.peak)
+        if check.snapshot is not None:
+            report.sections.append((f"{SECTION}: snapshot", check.snapshot))
         if not check.reports:
             return  # not checked, never ran, or could not be measured (an error says so)
         data = [leak.to_dict() for leak in check.reports]

@@ -1,15 +1,20 @@
-"""pytest glue for CUDA memory leak checks.
+"""pytest glue for CUDA memory leak checks, memory limits and out-of-memory tests.
 
-``--cuda-leak-check``, ``--cuda-leak-trace``, ``--cuda-memory-report N``, the
-``cuda_leak_check`` marker and the ``no_cuda_leak`` fixture. Loaded with
-:mod:`pytest_cuda.plugin` (its ``MODE_PLUGINS``), so ``-p no:cuda`` turns it off.
+``--cuda-leak-check``, ``--cuda-leak-trace``, ``--cuda-memory-report N``,
+``--cuda-limit-memory``, ``--cuda-oom``, ``--cuda-memory-snapshot``, the
+``cuda_leak_check`` and ``cuda_limit_memory`` markers and the ``no_cuda_leak`` fixture.
+Loaded with :mod:`pytest_cuda.plugin` (its ``MODE_PLUGINS``), so ``-p no:cuda`` turns
+it off.
 
-Always there: the options, the marker's documentation, the fixture, and two hooks that
-only read attributes of reports (so an xdist controller shows what its workers found).
-The checker (:class:`pytest_cuda.leaks.checker.LeakChecker`, which says when a test is
-measured) is imported and registered only when an option asks for it or a collected
-test carries the marker: pytest imports this module on every run, so it imports no
-more than pytest itself.
+Always there: the options, the markers' documentation, the fixture, two hooks that
+only read attributes of reports (so an xdist controller shows what its workers found),
+and one that looks at a failed test's exception for an out-of-memory error
+(:mod:`pytest_cuda.leaks.oom` explains it, then clears its frames). The checker
+(:class:`pytest_cuda.leaks.checker.LeakChecker`, which says when a test is measured)
+and the limiter (:class:`pytest_cuda.leaks.limiter.MemoryLimiter`) are imported and
+registered only when an option asks for them or a collected test carries their
+marker: pytest imports this module on every run, so it imports no more than pytest
+itself.
 
 A leak fails the test's teardown with an outcome of its own (``leaked``: letter ``L``,
 word ``LEAKED``, counted as "1 leaked" and in the exit status) and a report section;
@@ -27,6 +32,7 @@ import pytest
 
 from pytest_cuda.collection import marker_names
 from pytest_cuda.leaks.report import (
+    LIMIT_MARKER,
     MARKER,
     REPORT_LEAKS,
     REPORT_PEAK,
@@ -37,17 +43,20 @@ from pytest_cuda.leaks.report import (
 from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Generator
     from pathlib import Path
 
     from _pytest.terminal import TerminalReporter
 
     from pytest_cuda.leaks.block import NoCudaLeak
+    from pytest_cuda.leaks.stacks import StackRecording
 
-__all__ = ["CHECKER_NAME"]
+__all__ = ["CHECKER_NAME", "LIMITER_NAME"]
 
 CHECKER_NAME = "cuda.leaks"
+LIMITER_NAME = "cuda.memory-limit"
 REPORTS_NAME = "cuda.leak-reports"
+_SNAPSHOTS = pytest.StashKey["Path | None"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
             check_report_file(report_file, str(settings.leak_report))
         except ReportFileError as exc:
             raise pytest.UsageError(str(exc)) from None
+    config.stash[_SNAPSHOTS] = _snapshot_folder(config)
+    if settings.memory_limit is not None:
+        # First: its recording keeps the events' stacks, which a limit replays.
+        _register_limiter(config)
     leaks = settings.leak_check or settings.leak_trace
     if leaks or settings.memory_report:
         _register(config, leaks=leaks)
@@ -79,9 +92,26 @@ def _report_file(config: pytest.Config) -> Path | None:
     return config.invocation_params.dir / settings.leak_report
 
 
+def _snapshot_folder(config: pytest.Config) -> Path | None:
+    """``--cuda-memory-snapshot``'s folder (relative to where pytest was started),
+    made now: one that cannot be is a usage error before any test runs."""
+    given = settings_of(config).memory_snapshot
+    if given is None:
+        return None
+    folder = config.invocation_params.dir / given
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"--cuda-memory-snapshot={given}: {exc}") from None
+    return folder
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if MARKER not in marker_names(config, items):
+    used = marker_names(config, items)
+    if LIMIT_MARKER in used and not config.pluginmanager.has_plugin(LIMITER_NAME):
+        _register_limiter(config)
+    if MARKER not in used:
         return
     checker = config.pluginmanager.get_plugin(CHECKER_NAME)
     if checker is None:
@@ -94,9 +124,68 @@ def _register(config: pytest.Config, *, leaks: bool) -> None:
     from pytest_cuda.leaks.checker import LeakChecker
 
     _read_reports(config)
-    checker = LeakChecker(config, leaks=leaks)
+    checker = LeakChecker(config, leaks=leaks, snapshots=config.stash[_SNAPSHOTS])
     config.pluginmanager.register(checker, CHECKER_NAME)
     checker.start()
+
+
+def _register_limiter(config: pytest.Config) -> None:
+    from pytest_cuda.leaks.limiter import MemoryLimiter
+
+    limiter = MemoryLimiter(config, snapshots=config.stash[_SNAPSHOTS])
+    config.pluginmanager.register(limiter, LIMITER_NAME)
+    checker = config.pluginmanager.get_plugin(CHECKER_NAME)
+    recording: StackRecording | None = getattr(checker, "recording", None)
+    limiter.start(recording)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that failed for lack of CUDA memory: its report says what was alive then
+    (``--cuda-oom=skip``: it is a skip), and its frames are cleared."""
+    report = yield
+    if call.excinfo is None or call.when == "teardown" or not report.failed:
+        return report
+    from gpumagic.cuda_errors import out_of_memory
+
+    error = out_of_memory(call.excinfo.value)
+    if error is not None:
+        _out_of_memory(item, report, call.excinfo.value, error)
+    return report
+
+
+def _out_of_memory(
+    item: pytest.Item, report: pytest.TestReport, raised: BaseException, error: BaseException
+) -> None:
+    from pytest_cuda.leaks.oom import SECTION, drop_frames, explain, first_line
+
+    settings = settings_of(item.config)
+    folder = item.config.stash.get(_SNAPSHOTS, None)
+    reason = f"{item.name} ran out of CUDA memory: {first_line(error)}"
+    # A skip shows its reason only: what was alive is read for a failure or a snapshot.
+    if settings.oom == "fail" or folder is not None:
+        code = getattr(getattr(item, "function", None), "__code__", None)
+        outermost = (code.co_filename, code.co_name) if code is not None else None
+        try:
+            found, snapshot = explain(error, outermost=outermost, search_s=settings.holder_search_s)
+            text = found.text(item.name, str(item.config.rootpath))
+            if folder is not None and snapshot is not None:
+                from pytest_cuda.leaks.snapshots import snapshot_line
+
+                text += "\n" + snapshot_line(
+                    folder, item.nodeid, "out of memory", scan=found.holders, snapshot=snapshot
+                )
+        except Exception as exc:  # the test's own failure must come out whatever happens here
+            text = f"{reason}\nexplaining it failed: {type(exc).__name__}: {exc}"
+        report.sections.append((SECTION, text))
+    if settings.oom == "skip":
+        where, line, _ = item.location
+        report.outcome = "skipped"
+        report.longrepr = (where, (line or 0) + 1, f"Skipped: {reason} (--cuda-oom=skip)")
+    if not settings.debugging:  # pdb's post-mortem reads them
+        drop_frames(raised)
 
 
 def _read_reports(config: pytest.Config) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     import pytest
 
-__all__ = ["drop_failure", "release_test_references"]
+__all__ = ["clear_frames", "drop_failure", "release_test_references"]
 
 _LAST = ("last_type", "last_value", "last_traceback", "last_exc")
 
@@ -29,8 +29,8 @@ def release_test_references(item: pytest.Item) -> None:
     test's frames (every frame of every exception of its failure, chained or grouped)
     and the fixture values (``item.funcargs``, dropped right after this teardown)."""
     for exc in _chain(_failures(item)):
-        _clear_frames(exc.__traceback__)
-    _clear_frames(getattr(sys, "last_traceback", None))
+        clear_frames(exc.__traceback__)
+    clear_frames(getattr(sys, "last_traceback", None))
     if getattr(item, "funcargs", None):
         item.funcargs = {}  # type: ignore[attr-defined]
 
@@ -78,7 +78,8 @@ def _chain(roots: list[BaseException]) -> list[BaseException]:
     return list(seen.values())
 
 
-def _clear_frames(tb: TracebackType | None) -> None:
+def clear_frames(tb: TracebackType | None) -> None:
+    """Clear every frame of ``tb`` that is done running: their variables are dropped."""
     while tb is not None:
         frame = tb.tb_frame
         try:

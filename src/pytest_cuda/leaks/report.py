@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pytest_cuda.leaks.result import LeakResult
 
 __all__ = [
+    "LIMIT_MARKER",
     "MARKER",
     "REPORT_LEAKS",
     "REPORT_PEAK",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: The marker that asks for (or switches off) the check of one test.
 MARKER = "cuda_leak_check"
+#: The marker that sets one test's memory limit (:mod:`pytest_cuda.leaks.limit`).
+LIMIT_MARKER = "cuda_limit_memory"
 #: Attributes on teardown reports (plain data, so they cross from xdist workers).
 REPORT_LEAKS = "cuda_leaks"
 REPORT_PEAK = "cuda_peak"
@@ -50,13 +53,22 @@ class LeakReport:
     """One check's result: what leaked, what was kept, the text; plain data throughout,
     serialised from its fields (:meth:`to_dict`)."""
 
-    mode: str  # "fail" or "warn"
+    #: ``"fail"`` or ``"warn"``.
+    mode: str
+    #: What is still allocated after the settling steps, per device: ``(device, bytes)``.
     leaked: Amounts
-    kept: tuple[tuple[str, Amounts], ...]  # (settle step, what it released)
+    #: What each settling step released (a library's cache, garbage collection):
+    #: ``(step, ((device, bytes), ...))``; such memory is kept, not leaked.
+    kept: tuple[tuple[str, Amounts], ...]
+    #: The report's full text: the lines that allocated the leak and who holds it.
     details: str = ""
-    top: str | None = None  # the user's line that allocated the most of the leak
+    #: The user's line that allocated the most of the leak (``file:line in function``).
+    top: str | None = None
+    #: Whether the leak failed the test (``mode="fail"`` and above the tolerance).
     failed_by_leak: bool = False
-    holder: str | None = None  # who holds the most of it: "mymod.CACHE['x'] (module global)"
+    #: Who holds the most of it: ``"mymod.CACHE['x'] (module global)"``.
+    holder: str | None = None
+    #: Bytes per device below which growth is not a leak.
     tolerance: int = 0
     #: The rank of a ``cuda_distributed`` test whose process was checked; ``None``: the
     #: pytest process itself.

@@ -51,7 +51,10 @@ class StackRecording:
     user's first CUDA call): a failure is kept in :attr:`error`, and :meth:`why_off`
     says it in the report of a check that found no stacks."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, event_stacks: bool = False) -> None:
+        #: The ring's events keep their stacks too (``context="alloc"``): what a memory
+        #: limit needs to name the lines of blocks freed before the test ended.
+        self.event_stacks = event_stacks
         self.owned = False
         #: Why switching recording on failed (``"RuntimeError: ..."``), if it did.
         self.error: str | None = None
@@ -84,9 +87,23 @@ class StackRecording:
         return cuda.start_memory_history(
             HISTORY_MAX_ENTRIES,
             events=True,
-            event_stacks=False,
-            skip_actions=("free_requested", "free_completed"),
+            event_stacks=self.event_stacks,
+            # A limit replays the frees; a leak check needs only the allocations.
+            skip_actions=("free_completed",)
+            if self.event_stacks
+            else ("free_requested", "free_completed"),
         )
+
+    def with_event_stacks(self) -> None:
+        """From now on the ring's events keep their stacks and frees (a memory limit
+        was found after recording began): a recording of ours is started again so."""
+        if self.event_stacks:
+            return
+        self.event_stacks = True
+        if self.owned and cuda.is_initialized():
+            cuda.stop_memory_history()
+            self.owned = False
+            self._switch_on()
 
     def _switch_on(self) -> None:
         try:
@@ -179,6 +196,7 @@ def holders_of(
     budget_s: float | None = None,
     frozen_before: int | None = None,
     thaw: Callable[[], None] | None = None,
+    frames: bool = False,
 ) -> LeakHolderScan:
     """Who holds the live tensors whose storage lies in ``blocks``: the tensors are
     looked for among ``objects`` (the checker's: the tensors among what the test made;
@@ -203,6 +221,7 @@ def holders_of(
             budget_s=budget_s,
             frozen_before=frozen_before,
             thaw=thaw,
+            frames=frames,
         )
     finally:
         del heap

@@ -9,6 +9,7 @@ Python.
 from __future__ import annotations
 
 import functools
+import os
 import types
 
 from pytest_cuda.leaks.walk.paths import key_of, render, step_between
@@ -22,7 +23,7 @@ from pytest_cuda.leaks.walk.roots import (
 )
 from pytest_cuda.leaks.walk.state import Budget, Node, Target
 
-__all__ = ["LIBRARY", "follow"]
+__all__ = ["LIBRARY", "follow", "frame_root"]
 
 #: The kind of a holder that is a library's cache, kept by design.
 LIBRARY = "library cache"
@@ -92,6 +93,21 @@ def follow(
         _root(target, render(name, [step, *node.steps]), kind, note, named_by_module(ref))
         return None
     return Node(ref, [step, *node.steps], target, through)
+
+
+def frame_root(frame: types.FrameType, child: object, node: Node) -> None:
+    """A variable of ``frame`` holds ``child``: the root of ``node``'s path (a value on
+    the frame's stack, not in a variable, names nothing)."""
+    try:
+        name = next((k for k, v in frame.f_locals.items() if v is child), None)
+    except Exception:  # a frame whose locals cannot be read
+        return
+    if name is None:
+        return
+    code = frame.f_code
+    where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+    kind = f"local variable of {code.co_name} at {where}"
+    _root(node.target, render(name, node.steps), kind, _through_note(set(node.through)))
 
 
 def _root(target: Target, path: str, kind: str, note: str, alive: bool = False) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from gpumagic.units import format_bytes
 from pytest_cuda.leaks.walk.down import walk_down
-from pytest_cuda.leaks.walk.follow import LIBRARY, follow
+from pytest_cuda.leaks.walk.follow import LIBRARY, follow, frame_root
 from pytest_cuda.leaks.walk.graphs import Saved, saved_tensors
 from pytest_cuda.leaks.walk.paths import referents
 from pytest_cuda.leaks.walk.state import Boundary, Budget, Node, Target, end_path, ended
@@ -78,6 +78,9 @@ class LeakHolder:
     #: The root is certainly alive (a module's global, a fixture's value, or an object
     #: its module names), so what it holds is no garbage waiting for a collection.
     alive: bool = False
+    #: The storages it holds, as ``(device, address)`` (``("cuda:0", 0x7f...)``): where a
+    #: memory snapshot names the holder of each block.
+    storages: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         where = ", ".join(self.devices)
@@ -124,6 +127,7 @@ def find_leak_holders(
     covered: Callable[[], bool] | None = None,
     frozen_before: int | None = None,
     thaw: Callable[[], None] | None = None,
+    frames: bool = False,
 ) -> LeakHolderScan:
     """Walk from every leaked storage among ``objects`` to its root.
 
@@ -138,7 +142,9 @@ def find_leak_holders(
     read for saved tensors. ``frozen_before``: how many objects :func:`gc.freeze` had
     frozen when the leaked memory began to be allocated (Python 3.12 freezes a few
     hundred at start-up); only a freeze since then can hide the leaked tensors
-    themselves (``None``: any may). ``thaw``: the caller keeps the heap that existed
+    themselves (``None``: any may). ``frames``: a variable of a function's frame is a
+    root too (an out-of-memory error's traceback keeps the failed test's frames); else
+    the walk does not go up through frames. ``thaw``: the caller keeps the heap that existed
     before the test frozen (:class:`~pytest_cuda.leaks.heap.TestHeap`; ``objects`` are
     the test's own) and this puts it back: the walk goes up among the test's objects
     first and thaws before it scans the whole heap (always called). Never raises: what
@@ -162,7 +168,9 @@ def find_leak_holders(
                 if covered is not None and covered()
                 else _graphs(objects, targets, facts, notes, budget)
             )
-            _walk_up([*targets.values(), *probes], notes, budget, {id(objects)}, boundary)
+            _walk_up(
+                [*targets.values(), *probes], notes, budget, {id(objects)}, boundary, frames=frames
+            )
             _name_saved(graphs)
             boundary.thaw()
             hidden = _search_frozen(targets, facts, budget, covered, frozen_before)
@@ -264,6 +272,7 @@ def _scan(
             sum(t.tensors for t in group),
             note,
             alive,
+            tuple(sorted(t.key for t in group)),
         )
         for (path, kind, note, alive), group in groups.items()
     ]
@@ -282,6 +291,8 @@ def _walk_up(
     budget: Budget,
     ignore: Iterable[int] = (),
     boundary: Boundary | None = None,
+    *,
+    frames: bool = False,
 ) -> None:
     """Up from every target to a root, all targets a step at a time. While the
     ``boundary`` is young, a step scans only the test's objects, and the objects that
@@ -317,7 +328,7 @@ def _walk_up(
             referrers = gc.get_referrers(*nodes)
         own.add(id(referrers))
         following, held = _step_up(
-            referrers, by_id, own=own, seen=seen, modules=modules, budget=budget
+            referrers, by_id, own=own, seen=seen, modules=modules, budget=budget, frames=frames
         )
         if not young:
             # The whole heap was scanned: what nothing refers to, C++ holds.
@@ -343,6 +354,7 @@ def _step_up(
     seen: set[tuple[int, int]],
     modules: dict[int, str],
     budget: Budget,
+    frames: bool = False,
 ) -> tuple[list[Node], set[int]]:
     """One step up from the nodes ``by_id`` (by their object's id) through their
     ``referrers``: the nodes of the next step, and the ids of the objects something
@@ -355,6 +367,11 @@ def _step_up(
         children = _children_in(ref, by_id)
         held.update(map(id, children))
         if isinstance(ref, types.FrameType):
+            if frames:
+                for child in children:
+                    for node in by_id[id(child)]:
+                        if not node.target.path:
+                            frame_root(ref, child, node)
             continue
         for child in children:
             for node in by_id[id(child)]:
