@@ -249,6 +249,18 @@ class FakeDevice(FakeSeam):
             for _ in range(kernels):
                 self.recorder.kernel(seconds / kernels, None, correlation)
 
+    def raw_launch(self, seconds: float) -> None:
+        """Launch a kernel with no torch op around it (``torch.cuda._sleep``, a Triton or
+        extension kernel): only its runtime call links it to a thread, and Kineto names
+        that thread by pthread's id cut to 32 bits, signed (a thread it never mapped)."""
+        self.free_at = max(self.free_at, time.perf_counter()) + seconds
+        self.launched += seconds
+        if self.recorder is not None:
+            low = threading.get_ident() & 0xFFFFFFFF
+            pthread = low - (low >> 31 << 32)
+            correlation = self.recorder.runtime_call("cudaLaunchKernel", thread=pthread)
+            self.recorder.kernel(seconds, None, correlation)
+
     def item(self) -> float:
         """A hidden synchronization, like ``tensor.item()``."""
         if self.debug_mode == 1:
@@ -332,11 +344,10 @@ class FakeRecorder:
             )
         )
 
-    def runtime_call(self, name: str) -> int:
+    def runtime_call(self, name: str, thread: int | None = None) -> int:
         correlation = 10_000 + len(self.calls)
-        self.calls.append(
-            cuda.RuntimeCall(correlation, name, threading.get_native_id(), self._now())
-        )
+        caller = threading.get_native_id() if thread is None else thread
+        self.calls.append(cuda.RuntimeCall(correlation, name, caller, self._now()))
         return correlation
 
     def mark(self, label: str) -> tuple[int, int]:

@@ -191,6 +191,28 @@ def test_launches_without_an_op_go_by_their_runtime_call() -> None:
     assert (found.other_threads_ns, found.unlinked_ns) == (5, 6)
 
 
+def test_a_kernel_with_only_its_runtime_call_goes_to_the_launching_line() -> None:
+    # The spin line: torch.cuda._sleep launches with no aten op around it, so its kernel
+    # links to no op; its cudaLaunchKernel names the OS thread, not torch's id (1).
+    timeline = stacks((100, 1, at(F, 2)), (200, 1, at(F, 3)), (300, 1, None))
+    trace = KernelTrace(
+        ops=(op(1, 120, 130),),
+        work=(kernel(5, 1, correlation=60), DeviceWork("kernel", "spin", 9, 0, 61)),
+        calls=(
+            RuntimeCall(60, "cudaLaunchKernel", 4242, 121),
+            RuntimeCall(61, "cudaLaunchKernel", 4242, 250),
+        ),
+    )
+    found = charge(trace, timeline, os_threads={4242: 7})
+    assert (found.lines[F][2].self_ns, found.lines[F][3].self_ns) == (5, 9)
+    assert found.lines[F][3].launches == 1
+    assert found.charged_ns == found.total_ns == 14
+    # Without the OS thread's alias the kernel is counted apart, not lost nor misplaced.
+    found = charge(trace, timeline)
+    assert (found.lines[F][2].self_ns, 3 in found.lines[F]) == (5, False)
+    assert found.other_threads_ns == 9
+
+
 def test_work_outside_the_lines_and_on_other_threads_is_counted_apart() -> None:
     timeline = stacks((100, 1, at(F, 2)), (200, 1, None))
     trace = KernelTrace(
@@ -253,6 +275,8 @@ def test_kineto_events_become_plain_records() -> None:
         ("memset", 1, 7),
     ]
     assert [c.name for c in trace.calls] == ["cudaLaunchKernel", "cudaMemsetAsync"]
+    # A runtime call's thread is Kineto's resource id (the caller's), not the op's one.
+    assert [c.thread for c in trace.calls] == [7, 7]
 
 
 # -- a real training step on the CPU, its ops' time standing in for kernels ---------------

@@ -208,6 +208,19 @@ def test_graph_replay_is_one_launch_of_the_replay_line(dev: FakeDevice) -> None:
     )
 
 
+def test_a_kernel_launched_with_no_op_around_it_goes_by_its_runtime_call(
+    dev: FakeDevice,
+) -> None:
+    def spin(dev: FakeDevice) -> None:
+        dev.launch(0.001)
+        dev.raw_launch(0.002)  # torch.cuda._sleep: no aten op, only cudaLaunchKernel
+
+    result = profile(spin, dev, sync=False, gpu=True).result()
+    lines = gpu_lines(result, spin)
+    assert (lines[1].self_ns, lines[2].self_ns, lines[2].launches) == (1_000_000, 2_000_000, 1)
+    assert result.kernels.charged_ns == result.kernels.total_ns == 3_000_000
+
+
 def test_gpu_work_outside_the_profiled_lines_is_counted_apart(dev: FakeDevice) -> None:
     def launches(dev: FakeDevice) -> None:
         dev.launch(0.001)

@@ -73,7 +73,7 @@ class RuntimeCall:
 
     correlation: int
     name: str
-    thread: int  # the OS thread id as CUPTI reports it
+    thread: int  # the caller's OS thread id (or pthread's, cut to 32 bits) from Kineto
     start_ns: int
 
 
@@ -129,7 +129,11 @@ def trace_from_events(events: Iterable[Any], device_type: Any) -> KernelTrace:
                 RuntimeCall(
                     correlation=int(event.correlation_id()),
                     name=event.name(),
-                    thread=int(event.start_thread_id()),
+                    # Not start_thread_id(): torch gives a runtime call its op's thread,
+                    # and one with no op around it (torch.cuda._sleep, a Triton or
+                    # extension launch) the thread that stopped the profiler. Kineto's
+                    # resource id is the caller's own thread.
+                    thread=int(event.device_resource_id()),
                     start_ns=int(event.start_ns()),
                 )
             )
