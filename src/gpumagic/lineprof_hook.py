@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from types import CodeType, FrameType
 
     from gpumagic.lineprof_attribution import GpuAttribution
+    from gpumagic.lineprof_timeline import LineEvent
 
 __all__ = [
     "CALIBRATION_CODE",
@@ -176,6 +177,11 @@ class BoundaryHook:
         #: --gpu: the profiler and the line timeline, once CUDA is in use
         self.kernels: KernelLines | None = None
         self.armable = sync or gpu or memory
+        #: --gpu alone (no sync, no memory): the boundary calls nothing of CUDA
+        self.timeline_only = gpu and not sync and not memory
+        self.timeline_of: KernelLines | None = None
+        self.timeline_thread = 0
+        self.timeline_events: list[LineEvent] = []
         self.armed = False
         self.interrupted = False
         self.devices: tuple[int, ...] = ()
@@ -205,7 +211,12 @@ class BoundaryHook:
         waited = 0
         marks: dict[int, Marks] | None = None
         if self.armed or (self.armable and self._arm()):
-            waited, marks = self._cuda_boundary(state)
+            if self.timeline_only:
+                # --gpu --no-sync: no CUDA call here; only the line's syncs to close.
+                if state is not None:
+                    state.info.extra(state.line).syncs += self.warned - state.syncs
+            else:
+                waited, marks = self._cuda_boundary(state)
         tid = get_ident()
         if opening:
             if state is None:
@@ -223,7 +234,7 @@ class BoundaryHook:
             state.marks = marks
             state.syncs = self.warned
             if self.kernels is not None:
-                self.kernels.thread_events(tid).append((t0, key, (info.label, stmt)))
+                self._timeline(self.kernels, tid).append((t0, key, (info.label, stmt)))
         elif state is None:
             prior = -1
         else:
@@ -232,7 +243,7 @@ class BoundaryHook:
             info = state.info
             del self.frames[key]
             if self.kernels is not None:
-                self.kernels.thread_events(tid).append((t0, key, None))
+                self._timeline(self.kernels, tid).append((t0, key, None))
         spent = self.spent.get(tid, 0)
         cost = time.perf_counter_ns() - t0 - max(0, waited - self.floor) + self.residual
         if prior >= 0:
@@ -244,6 +255,14 @@ class BoundaryHook:
         if opening:
             state.line = line  # type: ignore[union-attr]
             state.spent = spent  # type: ignore[union-attr]
+
+    def _timeline(self, kernels: KernelLines, tid: int) -> list[LineEvent]:
+        """The line timeline of thread ``tid`` (the last thread's, kept at hand)."""
+        if tid != self.timeline_thread or kernels is not self.timeline_of:
+            self.timeline_of = kernels
+            self.timeline_thread = tid
+            self.timeline_events = kernels.thread_events(tid)
+        return self.timeline_events
 
     def _cuda_boundary(self, state: _Open | None) -> tuple[int, dict[int, Marks] | None]:
         """Synchronize, read the allocator; close the line's syncs and memory figures."""
