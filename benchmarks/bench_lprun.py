@@ -17,7 +17,9 @@
   ``.item()``: wall ms per call unprofiled and under each profiler setting. Per-line
   synchronization removes the CPU/GPU overlap, so this is where profiling slows code.
   Targets (issue 41): ``--gpu --no-sync`` <= 1.5x unprofiled; ``--gpu`` <= 1.1x the
-  default.
+  default. Also torch.profiler alone around the loop, with the CPU ops recorded (as
+  ``--gpu`` records them) and with CUDA activity only: what the record costs without
+  the line hook.
 * Training step. A small MLP (3 Linear layers of 2048, batch 2048): ``zero_grad``,
   forward, ``backward()``, ``step()``; ms per step under each setting, and for
   ``--gpu`` the share of the backward kernels' time charged to the forward lines
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 CALLS = 5  # calls of step() per profiled run
 BUSY_N = 20_000  # iterations of the pure-Python loop (60,000 line hits)
 LAUNCH_CALLS = 20
+#: torch.profiler alone around the launch-bound loop (no line hook): with CPU ops or not
+PROFILER_ALONE = {"torch.profiler CPU+CUDA": True, "torch.profiler CUDA only": False}
 TRAIN_STEPS = 10
 
 
@@ -231,6 +235,19 @@ def main() -> int:
         }
         if kind == "unprofiled":
             context: Any = None
+        elif kind in PROFILER_ALONE:
+            # What --gpu's record costs by itself, no line hook: torch's CPU ops (the
+            # backward's sequence numbers come from them) and CUPTI's launches.
+            from torch.autograd.profiler import profile as autograd_profile
+
+            context = autograd_profile(
+                use_cpu=PROFILER_ALONE[kind],
+                use_device="cuda",
+                use_kineto=True,
+                record_shapes=False,
+                with_stack=False,
+                profile_memory=False,
+            )
         elif kind == "line_profiler":
             context = LineProfiler(func)
         else:
@@ -289,6 +306,19 @@ def main() -> int:
         prof: Any = None
         if kind == "unprofiled":
             context: Any = None
+        elif kind in PROFILER_ALONE:
+            # What --gpu's record costs by itself, no line hook: torch's CPU ops (the
+            # backward's sequence numbers come from them) and CUPTI's launches.
+            from torch.autograd.profiler import profile as autograd_profile
+
+            context = autograd_profile(
+                use_cpu=PROFILER_ALONE[kind],
+                use_device="cuda",
+                use_kineto=True,
+                record_shapes=False,
+                with_stack=False,
+                profile_memory=False,
+            )
         elif kind == "line_profiler":
             context = LineProfiler(func)
         else:
@@ -331,10 +361,12 @@ def main() -> int:
         "gpumagic --gpu",
         "gpumagic --gpu --no-sync",
     ]
+    # The launch-bound loop alone: where --gpu's cost goes.
+    launch_only_kinds = [*launch_kinds, *PROFILER_ALONE]
     cupti: list[float] = []
     attr: dict[str, list[dict[str, float]]] = {k: [] for k in attribution_kinds}
     over: dict[str, list[dict[str, float]]] = {k: [] for k in overhead_kinds}
-    launch: dict[str, list[float]] = {k: [] for k in launch_kinds}
+    launch: dict[str, list[float]] = {k: [] for k in launch_only_kinds}
     train: dict[str, list[dict[str, float]]] = {k: [] for k in launch_kinds}
     cupti_step: list[float] = []
     syncs: dict[str, list[float]] = {"torch.cuda.synchronize()": [], "seam synchronize": []}
@@ -354,7 +386,7 @@ def main() -> int:
         syncs["torch.cuda.synchronize()"].append(median_us(torch.cuda.synchronize))
         syncs["seam synchronize"].append(median_us(lambda: cuda.synchronize((0,))))
         emit({"kind": "idle_sync_us", "trial": trial, **{k: v[-1] for k, v in syncs.items()}})
-        for kind in launch_kinds:
+        for kind in launch_only_kinds:
             ms = launch_bound(kind)
             launch[kind].append(ms)
             emit({"kind": "launch_bound", "trial": trial, "profiler": kind, "ms_per_call": ms})
@@ -422,7 +454,7 @@ def main() -> int:
     summary["idle_sync_raw_us"] = raw_sync_us
     summary["overhead_beyond_sync_us"] = summary["overhead_us_gpumagic"] - sync_us
     unprofiled = med(launch["unprofiled"])
-    for kind in launch_kinds:
+    for kind in launch_only_kinds:
         ms = med(launch[kind])
         lines.append(
             f"| launch-bound loop, ms per call (x unprofiled) | {kind} | {ms:.3f} ms "
