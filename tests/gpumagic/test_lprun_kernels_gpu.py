@@ -82,6 +82,10 @@ def test_each_lines_gpu_time_is_cuptis(gpu: InteractiveShell, flags: str) -> Non
     assert run.success, run.error_in_exec
     result = gpu.user_ns["_prof"].result()
     lines = lines_ms(result, gpu.user_ns["work"])
+    found = result.kernels
+    # The spin kernel has no op around its launch: only its runtime call's thread.
+    apart = (found.other_threads_ns, found.unlinked_ns, found.outside_ns)
+    assert 2 in lines, f"the spin line got nothing; other threads, unlinked, outside: {apart}"
     assert lines[1].total_ns / 3e6 == pytest.approx(matmul, rel=TOLERANCE)
     assert lines[2].total_ns / 3e6 == pytest.approx(spin, rel=TOLERANCE)
     assert result.kernels.charged_ns == result.kernels.total_ns
