@@ -59,6 +59,7 @@ SCRIPTS = {
     "warm_ranks_nccl": "bench_warm_ranks.py",
     "leaks_suite_torch": "bench_leaks.py --suite --with-torch",
     "lprun": "bench_lprun.py",
+    "memory_limit": "bench_memory_limit.py",
     "plugin_overhead": "bench_plugin_overhead.py",
     "sync": "bench_sync.py",
     "timing": "bench_timing.py",
@@ -1456,6 +1457,22 @@ def _targets(run: Run) -> Table | None:
     return (["target", "measured", "met"], rows) if rows else None
 
 
+def _table_memory_limit(run: Run) -> Table:
+    r = run.records[0]
+    rows = [
+        ["clean body, no recording", f"{r['body_unrecorded_median_us']:.2f} µs"],
+        ["the limit's work around it", f"+{r['limit_cost_unrecorded_us']:.2f} µs"],
+        ["clean body, stacks recorded", f"{r['body_recorded_median_us']:.2f} µs"],
+        ["the limit's work around it", f"+{r['limit_cost_recorded_us']:.2f} µs"],
+        [
+            f"{r['suite_tests']}-test suite, with a limit minus without (paired, median of "
+            f"{r['suite_rounds']})",
+            f"{r['suite_paired_diff_median_s']:+.2f} s ({r['suite_overhead_pct']:+.1f} %)",
+        ],
+    ]
+    return ["what", "median"], rows
+
+
 TABLES: dict[str, Callable[[Run], Table]] = {
     "gpumem": _table_gpumem,
     "gpumem_timeline": _table_gpumem,
@@ -1469,6 +1486,7 @@ TABLES: dict[str, Callable[[Run], Table]] = {
     "warm_ranks_gloo": _table_warm_ranks,
     "warm_ranks_nccl": _table_warm_ranks,
     "lprun": _table_lprun,
+    "memory_limit": _table_memory_limit,
     "plugin_overhead": _table_plugin_overhead,
     "sync": _table_sync,
     "timing": _table_timing,
