@@ -78,7 +78,7 @@ class LineExtras:
 class CodeInfo:
     """What the hook keeps per profiled code object (it outlives one session)."""
 
-    __slots__ = ("costs", "entries", "extras", "label", "multi", "stmts")
+    __slots__ = ("costs", "entries", "extras", "label", "multi", "stmts", "wheres")
 
     def __init__(self, code: CodeType) -> None:
         self.label: Label = _code_label(code)
@@ -88,6 +88,15 @@ class CodeInfo:
         #: how often each multi-line statement was entered
         self.entries: dict[int, int] = {}
         self.extras: dict[int, LineExtras] = {}
+        #: --gpu's timeline: ``(label, statement)`` of each statement, built once
+        self.wheres: dict[int, tuple[Label, int]] = {}
+
+    def where(self, stmt: int) -> tuple[Label, int]:
+        """The timeline's ``(label, statement)`` of ``stmt`` (one tuple per statement)."""
+        found = self.wheres.get(stmt)
+        if found is None:
+            found = self.wheres[stmt] = (self.label, stmt)
+        return found
 
     def extra(self, line: int) -> LineExtras:
         found = self.extras.get(line)
@@ -202,7 +211,9 @@ class BoundaryHook:
 
     # -- the boundary ---------------------------------------------------------------
 
-    def boundary(self, t0: int, code: CodeType, line: int, key: int, opening: bool) -> None:
+    def boundary(  # noqa: PLR0915 (the hot path: inlined on purpose)
+        self, t0: int, code: CodeType, line: int, key: int, opening: bool
+    ) -> None:
         """A LINE (``opening``) or an exit event (return, yield, raise) in the profiled
         frame ``key``, seen at ``t0``; mirrors line_profiler's per-frame bookkeeping."""
         state = self.frames.get(key)
@@ -233,8 +244,13 @@ class BoundaryHook:
                 state.stmt = stmt
             state.marks = marks
             state.syncs = self.warned
-            if self.kernels is not None:
-                self._timeline(self.kernels, tid).append((t0, key, (info.label, stmt)))
+            kernels = self.kernels
+            if kernels is not None:
+                if tid == self.timeline_thread and kernels is self.timeline_of:
+                    events = self.timeline_events
+                else:
+                    events = self._timeline(kernels, tid)
+                events.append((t0, key, info.wheres.get(stmt) or info.where(stmt)))
         elif state is None:
             prior = -1
         else:
