@@ -12,9 +12,11 @@ line_profiler reads its clock:
   line_profiler's, which calls it after the hook.
 
 Once CUDA is in use, the hook synchronizes every device that has a context (so the
-line that launched the work waits for it), records CUDA events for a GPU-time column
-(``gpu``), counts the synchronizing calls torch reports per line (``gpu``), and reads
-the allocator's counters (``memory``). It measures its own cost and subtracts it from
+line that launched the work waits for it; not with ``sync=False``), records when each
+line ran while torch.profiler records the GPU work, each kernel charged to its line
+after the run (``gpu``, :mod:`gpumagic.lineprof_kernels`), counts the synchronizing
+calls torch reports per line (``gpu``), and reads the allocator's counters
+(``memory``). It measures its own cost and subtracts it from
 every line whose time enclosed it, and it counts each multi-line statement once. All
 CUDA calls go through :mod:`gpumagic.cuda`. Nothing here imports IPython.
 """
@@ -44,6 +46,9 @@ from gpumagic.lineprof_install import (
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import CodeType
+
+    from gpumagic.lineprof_attribution import GpuAttribution
+    from gpumagic.lineprof_kernels import TraceCost
 
 __all__ = [
     "GpuLineProfiler",
@@ -101,8 +106,6 @@ class LineProfileResult:
     capture_skips: int
     #: What an idle synchronize costs, in ns (measured; not charged to the lines).
     sync_floor_ns: int
-    #: Line hits with no GPU time (inside a graph capture, or after an error).
-    gpu_unmeasured: int
     #: The CUDA error after which gpumagic stopped its own CUDA work, if any.
     failure: str | None
     #: How lines were seen: ``"sys.monitoring"``, ``"sys.settrace"`` or ``"none"``.
@@ -115,6 +118,15 @@ class LineProfileResult:
     notes: list[str] = field(default_factory=list)
     #: A message to show above the table (why nothing was profiled, for instance).
     message: str | None = None
+    #: ``--gpu``: every kernel, copy and memset charged to its line (``None``: none
+    #: recorded).
+    kernels: GpuAttribution | None = None
+    #: ``--gpu``: why the kernels could not be recorded or matched to lines, if so.
+    kernels_failure: str | None = None
+    #: ``--gpu``: what recording the kernels and the line timeline cost.
+    trace_cost: TraceCost | None = None
+    #: Synchronizations made after the run (one with ``--no-sync``, so the record is whole).
+    end_syncs: int = 0
 
     @property
     def gpu_columns(self) -> bool:
@@ -131,7 +143,8 @@ class GpuLineProfiler(LineProfiler):
     """line_profiler's ``LineProfiler``, with each line charged for its GPU work.
 
     ``sync`` synchronizes the devices in use after every profiled line (so the host
-    time of a line includes the GPU work it launched); ``gpu`` adds CUDA events per line
+    time of a line includes the GPU work it launched); ``gpu`` charges each kernel, copy
+    and memset CUPTI recorded to the line that launched it (no event or wait per line)
     and counts synchronizing calls; ``memory`` reads the allocator per line. Use
     :meth:`add_target` for the callables, :meth:`session` around the code to profile;
     :meth:`get_stats` returns line_profiler ``LineStats`` with gpumagic's own cost
@@ -343,13 +356,16 @@ class GpuLineProfiler(LineProfiler):
             syncs=record.syncs,
             capture_skips=record.capture_skips,
             sync_floor_ns=record.sync_floor_ns,
-            gpu_unmeasured=record.gpu_unmeasured,
             failure=record.failure,
             hook=record.hook,
             wall_s=record.wall_s,
             statements=statements,
             notes=notes,
             message=message,
+            kernels=record.gpu,
+            kernels_failure=record.gpu_failure,
+            trace_cost=record.trace_cost,
+            end_syncs=record.end_syncs,
         )
 
 

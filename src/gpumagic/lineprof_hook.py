@@ -2,10 +2,11 @@
 
 :class:`BoundaryHook` is called before line_profiler reads its clock. Once CUDA is in
 use it synchronizes every device with a context (so the line that launched the work
-waits for it), records CUDA events for the GPU-time column, counts the synchronizing
-calls torch reports, and reads the allocator's counters; it measures its own cost so
-the profiler can subtract it. :func:`statement_lines` maps multi-line statements to
-their first line. All CUDA calls go through :mod:`gpumagic.cuda`.
+waits for it), counts the synchronizing calls torch reports, reads the allocator's
+counters and, for ``--gpu``, records when each line ran (no CUDA event, no wait:
+:mod:`gpumagic.lineprof_kernels` charges each kernel to its line after the run); it
+measures its own cost so the profiler can subtract it. :func:`statement_lines` maps
+multi-line statements to their first line. All CUDA calls go through :mod:`gpumagic.cuda`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import sys
 import textwrap
 import time
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
@@ -26,10 +26,14 @@ from typing import TYPE_CHECKING, Any
 from line_profiler._line_profiler import label as _code_label
 
 from gpumagic import cuda
+from gpumagic.lineprof_kernels import KernelLines, TraceCost
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import CodeType, FrameType
+
+    from gpumagic.lineprof_attribution import GpuAttribution
+    from gpumagic.lineprof_timeline import LineEvent
 
 __all__ = [
     "CALIBRATION_CODE",
@@ -47,20 +51,15 @@ __all__ = [
 Label = tuple[str, int, str]
 Marks = tuple[int, int, int, int]
 
-#: How many finished GPU intervals may wait before the hook reads their events.
-_DRAIN_EVERY = 256
-
 
 @dataclass
 class LineExtras:
     """What gpumagic measured for one line beside line_profiler's hits and time.
 
     Everything is inclusive, like line_profiler's time: a line that calls a function
-    also carries the GPU time, synchronizing calls and allocations of that call.
+    also carries the synchronizing calls and allocations of that call.
     """
 
-    gpu_ms: float = 0.0
-    gpu_spans: int = 0
     syncs: int = 0
     mem_delta: int = 0
     mem_peak: int = 0
@@ -69,8 +68,6 @@ class LineExtras:
 
     def add(self, other: LineExtras) -> None:
         """Fold ``other`` (another physical line of the same statement) into this one."""
-        self.gpu_ms += other.gpu_ms
-        self.gpu_spans += other.gpu_spans
         self.syncs += other.syncs
         self.mem_delta += other.mem_delta
         self.mem_hits += other.mem_hits
@@ -81,7 +78,7 @@ class LineExtras:
 class CodeInfo:
     """What the hook keeps per profiled code object (it outlives one session)."""
 
-    __slots__ = ("costs", "entries", "extras", "label", "multi", "stmts")
+    __slots__ = ("costs", "entries", "extras", "label", "multi", "stmts", "wheres")
 
     def __init__(self, code: CodeType) -> None:
         self.label: Label = _code_label(code)
@@ -91,6 +88,15 @@ class CodeInfo:
         #: how often each multi-line statement was entered
         self.entries: dict[int, int] = {}
         self.extras: dict[int, LineExtras] = {}
+        #: --gpu's timeline: ``(label, statement)`` of each statement, built once
+        self.wheres: dict[int, tuple[Label, int]] = {}
+
+    def where(self, stmt: int) -> tuple[Label, int]:
+        """The timeline's ``(label, statement)`` of ``stmt`` (one tuple per statement)."""
+        found = self.wheres.get(stmt)
+        if found is None:
+            found = self.wheres[stmt] = (self.label, stmt)
+        return found
 
     def extra(self, line: int) -> LineExtras:
         found = self.extras.get(line)
@@ -109,24 +115,28 @@ class Record:
     syncs: int = 0
     capture_skips: int = 0
     sync_floor_ns: int = 0
-    gpu_unmeasured: int = 0
     failure: str | None = None
     hook: str = "none"
     wall_s: float = 0.0
+    #: --gpu: each kernel charged to its line (None: no GPU work was recorded)
+    gpu: GpuAttribution | None = None
+    gpu_failure: str | None = None
+    trace_cost: TraceCost = field(default_factory=TraceCost)
+    end_syncs: int = 0  # --gpu: once after each run, for the profiler's record
 
 
 class _Open:
     """The line a frame is on, as the hook saw it open."""
 
-    __slots__ = ("code", "event", "info", "line", "marks", "spent", "stmt", "syncs")
+    __slots__ = ("code", "info", "line", "marks", "spent", "stmt", "syncs", "thread")
 
-    def __init__(self, code: CodeType, info: CodeInfo) -> None:
+    def __init__(self, code: CodeType, info: CodeInfo, thread: int) -> None:
         self.code = code
         self.info = info
+        self.thread = thread
         self.line = 0
         self.stmt = 0
         self.spent = 0
-        self.event: Any = None
         self.marks: dict[int, Marks] | None = None
         self.syncs = 0
 
@@ -173,8 +183,14 @@ class BoundaryHook:
         self.memory = memory
         self.frames: dict[int, _Open] = {}
         self.spent: dict[int, int] = {}
-        self.pending: deque[tuple[CodeInfo, int, Any, Any]] = deque()
+        #: --gpu: the profiler and the line timeline, once CUDA is in use
+        self.kernels: KernelLines | None = None
         self.armable = sync or gpu or memory
+        #: --gpu alone (no sync, no memory): the boundary calls nothing of CUDA
+        self.timeline_only = gpu and not sync and not memory
+        self.timeline_of: KernelLines | None = None
+        self.timeline_thread = 0
+        self.timeline_events: list[LineEvent] = []
         self.armed = False
         self.interrupted = False
         self.devices: tuple[int, ...] = ()
@@ -191,27 +207,31 @@ class BoundaryHook:
         self._visible_device_total = cuda.visible_device_total
         self._synchronize = cuda.synchronize
         self._capturing = cuda.stream_is_capturing
-        self._record_event = cuda.record_event
-        self._event_completed = cuda.event_completed
-        self._elapsed_ms = cuda.elapsed_ms
         self._marks = cuda.allocation_marks
 
     # -- the boundary ---------------------------------------------------------------
 
-    def boundary(self, t0: int, code: CodeType, line: int, key: int, opening: bool) -> None:
+    def boundary(  # noqa: PLR0915 (the hot path: inlined on purpose)
+        self, t0: int, code: CodeType, line: int, key: int, opening: bool
+    ) -> None:
         """A LINE (``opening``) or an exit event (return, yield, raise) in the profiled
         frame ``key``, seen at ``t0``; mirrors line_profiler's per-frame bookkeeping."""
         state = self.frames.get(key)
         if state is not None and state.code is not code:
             state = None  # a stale record of another function at the same address
         waited = 0
-        start_event: Any = None
         marks: dict[int, Marks] | None = None
         if self.armed or (self.armable and self._arm()):
-            waited, start_event, marks = self._cuda_boundary(state, opening)
+            if self.timeline_only:
+                # --gpu --no-sync: no CUDA call here; only the line's syncs to close.
+                if state is not None:
+                    state.info.extra(state.line).syncs += self.warned - state.syncs
+            else:
+                waited, marks = self._cuda_boundary(state)
+        tid = get_ident()
         if opening:
             if state is None:
-                state = self.frames[key] = _Open(code, self.codes[code])
+                state = self.frames[key] = _Open(code, self.codes[code], tid)
                 prior = -1
             else:
                 prior = state.spent
@@ -222,9 +242,15 @@ class BoundaryHook:
                 if stmt in info.multi:
                     info.entries[stmt] = info.entries.get(stmt, 0) + 1
                 state.stmt = stmt
-            state.event = start_event
             state.marks = marks
             state.syncs = self.warned
+            kernels = self.kernels
+            if kernels is not None:
+                if tid == self.timeline_thread and kernels is self.timeline_of:
+                    events = self.timeline_events
+                else:
+                    events = self._timeline(kernels, tid)
+                events.append((t0, key, info.wheres.get(stmt) or info.where(stmt)))
         elif state is None:
             prior = -1
         else:
@@ -232,7 +258,8 @@ class BoundaryHook:
             closed = state.line
             info = state.info
             del self.frames[key]
-        tid = get_ident()
+            if self.kernels is not None:
+                self._timeline(self.kernels, tid).append((t0, key, None))
         spent = self.spent.get(tid, 0)
         cost = time.perf_counter_ns() - t0 - max(0, waited - self.floor) + self.residual
         if prior >= 0:
@@ -245,14 +272,17 @@ class BoundaryHook:
             state.line = line  # type: ignore[union-attr]
             state.spent = spent  # type: ignore[union-attr]
 
-    def _cuda_boundary(
-        self, state: _Open | None, opening: bool
-    ) -> tuple[int, Any, dict[int, Marks] | None]:
-        """Synchronize, record events, read the allocator; close the line's GPU figures."""
-        clock = time.perf_counter_ns
+    def _timeline(self, kernels: KernelLines, tid: int) -> list[LineEvent]:
+        """The line timeline of thread ``tid`` (the last thread's, kept at hand)."""
+        if tid != self.timeline_thread or kernels is not self.timeline_of:
+            self.timeline_of = kernels
+            self.timeline_thread = tid
+            self.timeline_events = kernels.thread_events(tid)
+        return self.timeline_events
+
+    def _cuda_boundary(self, state: _Open | None) -> tuple[int, dict[int, Marks] | None]:
+        """Synchronize, read the allocator; close the line's syncs and memory figures."""
         waited = 0
-        start_event: Any = None
-        end_event: Any = None
         marks: dict[int, Marks] | None = None
         try:
             if self._capturing():
@@ -260,39 +290,25 @@ class BoundaryHook:
             else:
                 if self.refresh_devices:
                     self._refresh_devices()
-                if self.sync:
-                    if self.gpu and state is not None:
-                        end_event = self._record_event()  # before the wait
-                    if not self.interrupted:
-                        if self.need_floor:
-                            self._calibrate()
-                        s0 = clock()
-                        self._synchronize(self.devices)
-                        waited = clock() - s0
-                        self.record.syncs += 1
-                    if self.gpu and opening:
-                        start_event = self._record_event()
-                elif self.gpu:
-                    start_event = end_event = self._record_event()
+                if self.sync and not self.interrupted:
+                    if self.need_floor:
+                        self._calibrate()
+                    clock = time.perf_counter_ns
+                    s0 = clock()
+                    self._synchronize(self.devices)
+                    waited = clock() - s0
+                    self.record.syncs += 1
             if self.memory:
                 marks = {d: self._marks(d) for d in self.devices}
-            if self.gpu or self.memory:
-                if state is not None:
-                    self._close_cuda(state, end_event, marks)
-                if len(self.pending) >= _DRAIN_EVERY:
-                    self._drain(wait=False)
+            if state is not None and (self.gpu or self.memory):
+                self._close_cuda(state, marks)
         except Exception as exc:  # a CUDA error must not break the user's code
             self._fail(exc)
-        return waited, start_event, marks
+        return waited, marks
 
-    def _close_cuda(self, state: _Open, end_event: Any, marks: dict[int, Marks] | None) -> None:
+    def _close_cuda(self, state: _Open, marks: dict[int, Marks] | None) -> None:
         extras = state.info.extra(state.line)
         extras.syncs += self.warned - state.syncs
-        if self.gpu:
-            if state.event is not None and end_event is not None:
-                self.pending.append((state.info, state.line, state.event, end_event))
-            else:
-                self.record.gpu_unmeasured += 1
         if marks is not None and state.marks is not None:
             delta = peak = 0
             exact = True
@@ -354,10 +370,35 @@ class BoundaryHook:
                 if self.mode_before == 0:
                     cuda.set_sync_debug_mode(1)
                     self.restore_mode = 0
+                self._start_kernels()
         except Exception as exc:
             self._fail(exc)
             return False
         return True
+
+    def _start_kernels(self) -> None:
+        """Start recording the GPU work (``--gpu``); the lines already running on this
+        thread (CUDA started within the run) open the timeline."""
+        record = self.record
+        try:
+            if cuda.profiler_running():
+                record.gpu_failure = (
+                    "a torch.profiler was already recording: --gpu needs its own, so there "
+                    "is no GPU Time (stop the other profiler, or leave out --gpu)"
+                )
+                return
+            if self._capturing():
+                record.gpu_failure = "CUDA graph capture was running when --gpu would start"
+                return
+            tid = get_ident()
+            running = [
+                (tid, key, (state.info.label, state.stmt))
+                for key, state in self.frames.items()
+                if state.thread == tid
+            ]
+            self.kernels = KernelLines(self.devices, running)
+        except Exception as exc:
+            record.gpu_failure = f"torch.profiler could not start: {type(exc).__name__}: {exc}"
 
     def _refresh_devices(self) -> None:
         devices = self._devices_with_context()
@@ -384,38 +425,27 @@ class BoundaryHook:
         self.record.failure = f"{type(exc).__name__}: {exc}".strip()
         self.armed = False
         self.armable = False
-        self.pending.clear()
-
-    def _drain(self, *, wait: bool) -> None:
-        """Turn finished event pairs into GPU milliseconds per line."""
-        pending = self.pending
-        try:
-            while pending:
-                info, line, start, end = pending[0]
-                if not wait and not (self._event_completed(end) and self._event_completed(start)):
-                    return
-                pending.popleft()
-                try:
-                    span = self._elapsed_ms(start, end, wait=False)
-                except Exception:  # events on two devices: no span
-                    self.record.gpu_unmeasured += 1
-                    continue
-                extras = info.extra(line)
-                extras.gpu_ms += span
-                extras.gpu_spans += 1
-        except Exception as exc:
-            self._fail(exc)
 
     def finish(self) -> None:
-        """After the run: read the remaining events, put the sync debug mode back."""
+        """After the run: charge the recorded GPU work to its lines, put the sync debug
+        mode back."""
+        kernels, self.kernels = self.kernels, None
+        record = self.record
         try:
-            if self.armed and self.pending and not self.interrupted:
-                self._synchronize(self._devices_with_context())
-                self._drain(wait=True)
+            if kernels is not None:
+                found = kernels.finish(wait=not self.interrupted)
+                record.end_syncs += not self.interrupted
+                if record.gpu is None:
+                    record.gpu = found
+                else:
+                    record.gpu.add(found)
+                cost = record.trace_cost
+                cost.start_s += kernels.cost.start_s
+                cost.stop_s += kernels.cost.stop_s
+                cost.match_s += kernels.cost.match_s
         except Exception as exc:
-            self._fail(exc)
+            record.gpu_failure = f"the GPU work could not be read: {type(exc).__name__}: {exc}"
         finally:
-            self.pending.clear()
             if self.restore_mode is not None:
                 with contextlib.suppress(Exception):
                     cuda.set_sync_debug_mode(self.restore_mode)

@@ -90,9 +90,14 @@ class LprunMagics(Magics):
 
         ``--no-sync``: do not synchronize (host times only, as line_profiler).
 
-        ``--gpu``: add a GPU-time column from CUDA events (no extra host stall) and
-        count, per line, the synchronizing calls where the host waited for the GPU
-        (``.item()``, ``.cpu()``, printing a tensor, ``nonzero()``).
+        ``--gpu``: add GPU-time columns: torch.profiler (CUPTI) records every kernel,
+        copy and memset, on any stream, and after the run each is charged to the line
+        that launched it (no CUDA event and no wait per line). *GPU Time* includes the
+        profiled functions the line called (*Self*: what it launched itself);
+        backward kernels are charged to the forward line that built their graph node
+        (*Bwd*); a CUDA-graph replay to the replay line. Also counts, per line, the
+        synchronizing calls where the host waited for the GPU (``.item()``,
+        ``.cpu()``, printing a tensor, ``nonzero()``).
 
         ``--memory``: add the change of allocated CUDA memory per line and the peak
         above the line's start while it ran (from the allocator's counters).

@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING, Any
 from line_profiler.line_profiler import get_code_block, get_column_widths, is_generated_code
 from line_profiler.toml_config import ConfigSource
 
+from gpumagic.lineprof_notes import backward_column, line_gpu, notes, self_column
 from gpumagic.units import format_bytes, format_time
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from gpumagic.lineprof import LineProfileResult
+    from gpumagic.lineprof_attribution import LineGpu
     from gpumagic.lineprof_hook import Label, LineExtras
 
-__all__ = ["LineProfileDisplay", "cell_sources_kept", "notes", "render_html", "render_text"]
+__all__ = ["LineProfileDisplay", "cell_sources_kept", "render_html", "render_text"]
 
 _SYNC_TITLE = (
     "the host waited for the GPU here: a synchronizing CUDA call "
@@ -44,65 +46,6 @@ def _peak_text(extras: LineExtras) -> str:
     if extras.mem_hits == 0:
         return ""
     return ("≤" if extras.mem_peak_bound else "") + format_bytes(extras.mem_peak)
-
-
-def _aggregated_statements(result: LineProfileResult) -> bool:
-    """Whether a row of the table stands for a statement over several lines."""
-    for label, rows in result.stats.timings.items():
-        mapping = result.statements.get(label, {})
-        firsts = {first for line, first in mapping.items() if line != first}
-        if any(line in firsts for line, _, _ in rows):
-            return True
-    return False
-
-
-def notes(result: LineProfileResult) -> list[str]:
-    """What the reader needs to know about how the numbers were taken."""
-    found: list[str] = []
-    if result.cuda_used:
-        devices = ", ".join(f"cuda:{d}" for d in result.devices) or "the GPU"
-        if result.sync:
-            found.append(
-                f"Synchronized {devices} at every profiled line boundary ({result.syncs} "
-                f"times; an idle synchronize, {result.sync_floor_ns / 1e3:.1f} µs, is not "
-                "billed): each line's time includes the GPU work it launched."
-            )
-        else:
-            found.append(
-                "--no-sync: host times only; GPU work is billed to the line that waits for it."
-            )
-        found.append(f"Wall time of the profiled statement: {format_time(result.wall_s)}.")
-    elif result.gpu or result.memory:
-        found.append("The statement used no CUDA: there are no GPU or memory columns.")
-    if result.gpu_columns:
-        found.append(
-            "GPU Time: time on the GPU between CUDA events recorded on the current stream "
-            "at each line boundary (it includes idle gaps while the host is the "
-            "bottleneck). Syncs: synchronizing CUDA calls made on the line (torch's sync "
-            "debug mode): there the host waited for the GPU."
-        )
-    if result.memory_columns:
-        found.append(
-            "Mem Δ: change of allocated CUDA memory over the line's hits. Peak: the most "
-            "memory allocated above the line's start while it ran (≤: an upper bound; "
-            "torch's peak counters are left alone)."
-        )
-    if result.capture_skips:
-        found.append(
-            f"{result.capture_skips} line boundaries fell inside CUDA graph capture: "
-            "not synchronized or timed there."
-        )
-    if result.gpu_columns and result.gpu_unmeasured:
-        found.append(
-            f"{result.gpu_unmeasured} line hits have no GPU time (CUDA graph capture, "
-            "events on two devices, or CUDA started within the line)."
-        )
-    if result.failure:
-        found.append(f"gpumagic stopped its CUDA work after an error: {result.failure}")
-    if _aggregated_statements(result):
-        found.append("A statement written over several lines is counted once, on its first line.")
-    found.extend(result.notes)
-    return found
 
 
 @contextlib.contextmanager
@@ -221,11 +164,13 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
     seconds_scalar = 1.0 / (output_unit if output_unit is not None else unit)
     gpu = result.gpu_columns
     memory = result.memory_columns
-    total_gpu_ms = sum(e.gpu_ms for e in extras.values())
+    on_gpu = line_gpu(result, label)
+    total_gpu_ns = sum(figures.total_ns for figures in on_gpu.values())
+    own, backward = self_column(result), backward_column(result)
 
     stream.write("Total time: %g s\n" % (total_time * unit))
     if gpu:
-        stream.write("Total GPU time: %g s\n" % (total_gpu_ms * 1e-3))
+        stream.write("Total GPU time: %g s\n" % (total_gpu_ns * 1e-9))
     if os.path.exists(filename) or is_generated_code(filename):
         stream.write(f"File: {filename}\n")
         stream.write(f"Function: {name} at line {start}\n")
@@ -236,6 +181,7 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
         col: max(width, configured.get(col, width)) for col, width in get_column_widths().items()
     }
     widths.update({"gpu": widths["time"], "gpupct": widths["percent"], "syncs": 6})
+    widths.update({"self": widths["time"], "bwd": widths["time"]})
     widths.update({"mem": 10, "peak": 10})
 
     display: dict[int, tuple[str, ...]] = {}
@@ -249,12 +195,18 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
         ]
         extra = extras.get(lineno)
         if gpu:
-            if extra is not None and extra.gpu_spans:
-                cells.append(_fit(extra.gpu_ms * 1e-3 * seconds_scalar, widths["gpu"]))
-                share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
+            figures = on_gpu.get(lineno)
+            if figures is not None:
+                cells.append(_fit(figures.total_ns * 1e-9 * seconds_scalar, widths["gpu"]))
+                share = 100 * figures.total_ns / total_gpu_ns if total_gpu_ns else 0.0
                 cells.append(f"{share:5.1f}")
+                if own:
+                    cells.append(_fit(figures.self_ns * 1e-9 * seconds_scalar, widths["self"]))
+                if backward:
+                    bwd = figures.backward_total_ns * 1e-9 * seconds_scalar
+                    cells.append(_fit(bwd, widths["bwd"]) if figures.backward_total_ns else "")
             else:
-                cells += ["", ""]
+                cells += [""] * (2 + own + backward)
             cells.append(str(extra.syncs) if extra is not None and extra.syncs else "")
         if memory:
             if extra is not None and extra.mem_hits:
@@ -266,8 +218,8 @@ def _show_func(  # noqa: PLR0915 (line_profiler's show_func, with more columns)
     order = ["line", "hits", "time", "perhit", "percent"]
     header = ["Line #", "Hits", "Time", "Per Hit", "% Time"]
     if gpu:
-        order += ["gpu", "gpupct", "syncs"]
-        header += ["GPU Time", "% GPU", "Syncs"]
+        order += ["gpu", "gpupct"] + ["self"] * own + ["bwd"] * backward + ["syncs"]
+        header += ["GPU Time", "% GPU"] + ["Self"] * own + ["Bwd"] * backward + ["Syncs"]
     if memory:
         order += ["mem", "peak"]
         header += ["Mem Δ", "Peak"]
@@ -340,11 +292,12 @@ def render_html(
             continue
         filename, start, name = label
         extras = result.extras.get(label, {})
+        on_gpu = line_gpu(result, label)
         total = sum(t[2] for t in timings)
-        total_gpu_ms = sum(e.gpu_ms for e in extras.values())
+        total_gpu_ns = sum(figures.total_ns for figures in on_gpu.values())
         summary = f"total {format_time(total * unit)}"
         if gpu:
-            summary += f", GPU {format_time(total_gpu_ms * 1e-3)}"
+            summary += f", GPU {format_time(total_gpu_ns * 1e-9)}"
         cell = (cells or {}).get(filename)
         where = f"{cell}, line {start}" if cell else f"{filename}:{start}"
         out.append(
@@ -352,7 +305,9 @@ def render_html(
         )
         headers = ["Line #", "Hits", "Time", "Per Hit", "% Time", ""]
         if gpu:
-            headers += ["GPU Time", "% GPU", "", "Syncs"]
+            headers += ["GPU Time", "% GPU", ""]
+            headers += ["Self"] * self_column(result) + ["Bwd"] * backward_column(result)
+            headers += ["Syncs"]
         if memory:
             headers += ["Mem Δ", "Peak"]
         out.append("<table><thead><tr>")
@@ -367,8 +322,9 @@ def render_html(
                     text=text,
                     rows=rows,
                     extras=extras,
+                    on_gpu=on_gpu,
                     total=total,
-                    total_gpu_ms=total_gpu_ms,
+                    total_gpu_ns=total_gpu_ns,
                     unit=unit,
                     result=result,
                 )
@@ -396,8 +352,9 @@ def _html_row(
     text: str,
     rows: dict[int, tuple[int, int]],
     extras: dict[int, LineExtras],
+    on_gpu: dict[int, LineGpu],
     total: int,
-    total_gpu_ms: float,
+    total_gpu_ns: int,
     unit: float,
     result: LineProfileResult,
 ) -> str:
@@ -417,11 +374,18 @@ def _html_row(
     else:
         cells += ["<td></td>"] * 5
     if result.gpu_columns:
-        if extra is not None and extra.gpu_spans:
-            share = 100 * extra.gpu_ms / total_gpu_ms if total_gpu_ms else 0.0
-            cells += [f"<td>{format_time(extra.gpu_ms * 1e-3)}</td>", _bar(share, "#2a9d8f")]
+        figures = on_gpu.get(lineno)
+        own, backward = self_column(result), backward_column(result)
+        if figures is not None:
+            share = 100 * figures.total_ns / total_gpu_ns if total_gpu_ns else 0.0
+            cells += [f"<td>{format_time(figures.total_ns * 1e-9)}</td>", _bar(share, "#2a9d8f")]
+            if own:
+                cells.append(f"<td>{format_time(figures.self_ns * 1e-9)}</td>")
+            if backward:
+                bwd = figures.backward_total_ns
+                cells.append(f"<td>{format_time(bwd * 1e-9) if bwd else ''}</td>")
         else:
-            cells += ["<td></td>"] * 3
+            cells += ["<td></td>"] * (3 + own + backward)
         if flagged:
             assert extra is not None
             cells.append(

@@ -13,6 +13,7 @@ events carry the work launched before them, and its memory is a
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -185,6 +186,9 @@ class FakeDevice(FakeSeam):
     syncs: int = 0
     sync_error: Exception | None = None
     debug_modes_set: list[int] = field(default_factory=list)
+    recorder: FakeRecorder | None = None  # the pretend torch.profiler, while it runs
+    traces: int = 0  # how often it was started
+    nodes: list[tuple[int, int, float]] = field(default_factory=list)  # graph nodes built
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
         self.machine = self.gpu.install(monkeypatch).machine  # its memory; our runtime
@@ -195,12 +199,67 @@ class FakeDevice(FakeSeam):
             visible_device_total=lambda: 1,
             stream_is_capturing=lambda: self.capturing,
             get_sync_debug_mode=lambda: self.debug_mode,
+            start_kernel_trace=self.start_kernel_trace,
+            profiler_running=lambda: self.recorder is not None,
         )
 
-    def launch(self, seconds: float) -> None:
-        """Queue ``seconds`` of GPU work; returns at once."""
+    def start_kernel_trace(self, *, cuda: bool = True) -> FakeRecorder:
+        assert self.recorder is None, "one profiler at a time"
+        self.traces += 1
+        self.recorder = FakeRecorder(self)
+        return self.recorder
+
+    def launch(self, seconds: float, *, grad: bool = False) -> None:
+        """Queue ``seconds`` of GPU work; returns at once. With a profiler running, CUPTI
+        records it as one kernel of a torch op; ``grad``: the op builds a graph node whose
+        backward (:meth:`backward`) runs a kernel as long."""
         self.free_at = max(self.free_at, time.perf_counter()) + seconds
         self.launched += seconds
+        if self.recorder is not None:
+            seq = len(self.nodes) if grad else -1
+            op = self.recorder.op("aten::fake", seq=seq)
+            self.recorder.kernel(seconds, op)
+            if grad:
+                self.nodes.append((seq, op.thread, seconds))
+
+    def backward(self) -> None:
+        """Run the backward of every graph node built so far, as autograd's engine does:
+        on its own thread, one ``evaluate_function`` per node, newest first."""
+        nodes, self.nodes = self.nodes[::-1], []
+
+        def engine() -> None:
+            for seq, fwd_thread, seconds in nodes:
+                self.free_at = max(self.free_at, time.perf_counter()) + seconds
+                self.launched += seconds
+                if self.recorder is not None:
+                    name = "autograd::engine::evaluate_function: FakeBackward0"
+                    node = self.recorder.op(name, seq=seq, fwd_thread=fwd_thread, length=2000)
+                    self.recorder.kernel(seconds, self.recorder.op("aten::mm", within=node))
+
+        worker = threading.Thread(target=engine)
+        worker.start()
+        worker.join()
+
+    def graph_replay(self, seconds: float, kernels: int = 3) -> None:
+        """Replay a CUDA graph of ``kernels`` kernels: one runtime call, no torch op."""
+        self.free_at = max(self.free_at, time.perf_counter()) + seconds
+        self.launched += seconds
+        if self.recorder is not None:
+            correlation = self.recorder.runtime_call("cudaGraphLaunch")
+            for _ in range(kernels):
+                self.recorder.kernel(seconds / kernels, None, correlation)
+
+    def raw_launch(self, seconds: float) -> None:
+        """Launch a kernel with no torch op around it (``torch.cuda._sleep``, a Triton or
+        extension kernel): only its runtime call links it to a thread, and Kineto names
+        that thread by pthread's id cut to 32 bits, signed (a thread it never mapped)."""
+        self.free_at = max(self.free_at, time.perf_counter()) + seconds
+        self.launched += seconds
+        if self.recorder is not None:
+            low = threading.get_ident() & 0xFFFFFFFF
+            pthread = low - (low >> 31 << 32)
+            correlation = self.recorder.runtime_call("cudaLaunchKernel", thread=pthread)
+            self.recorder.kernel(seconds, None, correlation)
 
     def item(self) -> float:
         """A hidden synchronization, like ``tensor.item()``."""
@@ -227,3 +286,75 @@ class FakeDevice(FakeSeam):
     def set_sync_debug_mode(self, mode: int) -> None:
         self.debug_modes_set.append(mode)
         self.debug_mode = mode
+
+
+#: The pretend profiler's clock: perf_counter_ns plus this (any offset must be fitted).
+PROFILER_CLOCK_OFFSET = 1_700_000_000_000_000_000
+
+
+@dataclass
+class FakeRecorder:
+    """``cuda.start_kernel_trace()`` for :class:`FakeDevice`: a record of torch ops and
+    the kernels they launched, on a clock of its own, with torch's own thread ids."""
+
+    device: FakeDevice
+    ops: list[cuda.HostOp] = field(default_factory=list)
+    work: list[cuda.DeviceWork] = field(default_factory=list)
+    calls: list[cuda.RuntimeCall] = field(default_factory=list)
+    thread_ids: dict[int, int] = field(default_factory=dict)
+    next_id: int = 1
+
+    def _thread(self) -> int:
+        return self.thread_ids.setdefault(threading.get_ident(), len(self.thread_ids) + 1)
+
+    def _now(self) -> int:
+        return time.perf_counter_ns() + PROFILER_CLOCK_OFFSET
+
+    def op(
+        self,
+        name: str,
+        *,
+        seq: int = -1,
+        fwd_thread: int = 0,
+        length: int = 1000,
+        within: cuda.HostOp | None = None,
+    ) -> cuda.HostOp:
+        start = within.start_ns + 1 if within is not None else self._now()
+        found = cuda.HostOp(
+            id=self.next_id,
+            name=name,
+            thread=self._thread(),
+            start_ns=start,
+            end_ns=start + (length if within is None else 500),
+            seq=seq,
+            fwd_thread=fwd_thread,
+        )
+        self.next_id += 1
+        self.ops.append(found)
+        return found
+
+    def kernel(self, seconds: float, op: cuda.HostOp | None, correlation: int = 0) -> None:
+        self.work.append(
+            cuda.DeviceWork(
+                kind="kernel",
+                name="fake_kernel",
+                duration_ns=round(seconds * 1e9),
+                op=op.id if op is not None else 0,
+                correlation=correlation or self.runtime_call("cudaLaunchKernel"),
+            )
+        )
+
+    def runtime_call(self, name: str, thread: int | None = None) -> int:
+        correlation = 10_000 + len(self.calls)
+        caller = threading.get_native_id() if thread is None else thread
+        self.calls.append(cuda.RuntimeCall(correlation, name, caller, self._now()))
+        return correlation
+
+    def mark(self, label: str) -> tuple[int, int]:
+        before = time.perf_counter_ns()
+        self.op(label, length=100)
+        return before, time.perf_counter_ns()
+
+    def stop(self) -> cuda.KernelTrace:
+        self.device.recorder = None
+        return cuda.KernelTrace(tuple(self.ops), tuple(self.work), tuple(self.calls))

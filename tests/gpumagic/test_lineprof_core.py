@@ -110,18 +110,139 @@ def test_nested_calls_charge_the_callers_line_inclusively(dev: FakeDevice) -> No
     assert rows(prof, outer)[2][1] < WORK * 0.2
 
 
-def test_gpu_column_and_hidden_syncs(dev: FakeDevice) -> None:
+def gpu_lines(result: Any, func: Callable[..., Any]) -> dict[int, Any]:
+    """``{offset from def: LineGpu}`` of ``func`` in a --gpu result."""
+    first = func.__code__.co_firstlineno
+    assert result.kernels is not None, result.kernels_failure
+    for (_, start, _), per_line in result.kernels.lines.items():
+        if start == first:
+            return {line - first: figures for line, figures in per_line.items()}
+    return {}
+
+
+def test_gpu_column_and_hidden_syncs(dev: FakeDevice, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No CUDA event anywhere: CUPTI's record is the GPU time (issue 41).
+    install(monkeypatch, record_event=lambda *args, **kwargs: pytest.fail("a CUDA event"))
     for sync in (True, False):
+        syncs_before = dev.syncs
         prof = profile(step, dev, sync=sync, gpu=True)
         result = prof.result()
         ((_, extras),) = result.extras.items()
         first = step.__code__.co_firstlineno
         a, b = extras[first + 1], extras[first + 2]
-        assert WORK * 1e3 * 0.98 <= a.gpu_ms <= WORK * 1e3 * 1.5
-        assert b.gpu_ms < WORK * 1e3 * 0.2
+        on_gpu = gpu_lines(result, step)
+        assert on_gpu[1].total_ns == on_gpu[1].self_ns == round(WORK * 1e9)  # CUPTI's time
+        assert 2 not in on_gpu  # the waiting line launched nothing
         assert (a.syncs, b.syncs) == (0, 1)
         assert result.gpu_columns
+        assert result.kernels.work == 1
+        assert result.kernels.charged_ns == result.kernels.total_ns
+        assert result.end_syncs == 1
+        if not sync:  # none inserted at a line boundary: only the one after the run
+            assert (result.syncs, dev.syncs - syncs_before) == (0, 1)
     assert dev.debug_modes_set == [1, 0, 1, 0]  # switched on, then put back, per session
+    assert dev.traces == 2
+    assert dev.recorder is None  # the profiler was stopped
+
+
+def test_gpu_time_self_and_inclusive(dev: FakeDevice) -> None:
+    def inner(dev: FakeDevice) -> None:
+        dev.launch(0.002)
+        dev.launch(0.003)
+
+    def outer(dev: FakeDevice) -> None:
+        dev.launch(0.001)
+        inner(dev)
+        inner(dev)
+        dev.item()
+
+    prof = GpuLineProfiler(sync=False, gpu=True)
+    prof.add_target(outer)
+    prof.add_target(inner)
+    with prof.session():
+        outer(dev)
+    result = prof.result()
+    mine, theirs = gpu_lines(result, outer), gpu_lines(result, inner)
+    assert (mine[1].self_ns, mine[1].total_ns) == (1_000_000, 1_000_000)
+    assert (mine[2].self_ns, mine[2].total_ns) == (0, 5_000_000)
+    assert (theirs[1].total_ns, theirs[2].total_ns) == (4_000_000, 6_000_000)
+    assert theirs[1].launches == 2
+    # The caller's inclusive time is its own plus its callees' inclusive time.
+    callees = theirs[1].total_ns + theirs[2].total_ns
+    assert mine[2].total_ns + mine[3].total_ns == mine[2].self_ns + mine[3].self_ns + callees
+    assert result.kernels.total_ns == 11_000_000 == result.kernels.charged_ns
+    text = render_text(result, output_unit=1e-3)
+    assert "Self" in text
+    assert "Bwd" not in text
+
+
+def test_backward_work_is_charged_to_the_forward_lines(dev: FakeDevice) -> None:
+    def train(dev: FakeDevice) -> None:
+        dev.launch(0.004, grad=True)
+        dev.launch(0.001, grad=True)
+        dev.launch(0.002)
+        dev.backward()
+
+    prof = profile(train, dev, sync=False, gpu=True)
+    result = prof.result()
+    lines = gpu_lines(result, train)
+    assert (lines[1].total_ns, lines[1].backward_total_ns) == (8_000_000, 4_000_000)
+    assert (lines[2].total_ns, lines[2].backward_self_ns) == (2_000_000, 1_000_000)
+    assert lines[3].backward_total_ns == 0
+    assert 4 not in lines  # backward() itself keeps nothing: every node was built here
+    assert result.kernels.backward_ns == result.kernels.backward_to_forward_ns == 5_000_000
+    assert "Bwd" in render_text(result)
+
+
+def test_graph_replay_is_one_launch_of_the_replay_line(dev: FakeDevice) -> None:
+    def replay(dev: FakeDevice) -> None:
+        dev.launch(0.001)
+        dev.graph_replay(0.003, kernels=3)
+
+    result = profile(replay, dev, sync=False, gpu=True).result()
+    lines = gpu_lines(result, replay)
+    assert (lines[2].total_ns, lines[2].launches) == (3_000_000, 1)
+    assert (result.kernels.graph_replays, result.kernels.graph_ns) == (1, 3_000_000)
+    assert "1 CUDA-graph replay (3 ms): each charged to the line that replayed it" in render_text(
+        result
+    )
+
+
+def test_a_kernel_launched_with_no_op_around_it_goes_by_its_runtime_call(
+    dev: FakeDevice,
+) -> None:
+    def spin(dev: FakeDevice) -> None:
+        dev.launch(0.001)
+        dev.raw_launch(0.002)  # torch.cuda._sleep: no aten op, only cudaLaunchKernel
+
+    result = profile(spin, dev, sync=False, gpu=True).result()
+    lines = gpu_lines(result, spin)
+    assert (lines[1].self_ns, lines[2].self_ns, lines[2].launches) == (1_000_000, 2_000_000, 1)
+    assert result.kernels.charged_ns == result.kernels.total_ns == 3_000_000
+
+
+def test_gpu_work_outside_the_profiled_lines_is_counted_apart(dev: FakeDevice) -> None:
+    def launches(dev: FakeDevice) -> None:
+        dev.launch(0.001)
+
+    prof = GpuLineProfiler(sync=False, gpu=True)
+    prof.add_target(launches)
+    with prof.session():
+        launches(dev)
+        dev.launch(0.002)  # not in a profiled function
+    result = prof.result()
+    assert result.kernels.outside_ns == 2_000_000
+    assert gpu_lines(result, launches)[1].total_ns == 1_000_000
+    assert "2 ms of GPU work launched outside the profiled lines" in render_text(result)
+
+
+def test_a_running_profiler_is_left_alone(dev: FakeDevice) -> None:
+    other = dev.start_kernel_trace()  # the user's own torch.profiler
+    result = profile(step, dev, gpu=True).result()
+    assert result.kernels is None
+    assert "a torch.profiler was already recording" in render_text(result)
+    assert dev.recorder is other
+    other.stop()
 
 
 def test_sync_warnings_of_the_user_are_kept_when_they_asked_for_them(dev: FakeDevice) -> None:
@@ -200,7 +321,8 @@ def test_no_sync_while_a_cuda_graph_is_captured(dev: FakeDevice) -> None:
     prof = profile(capture, dev, gpu=True)
     result = prof.result()
     assert result.capture_skips >= 3
-    assert dev.syncs == result.syncs + 16  # + the idle-synchronize calibration
+    # + the idle-synchronize calibration and the one after the run (--gpu's record)
+    assert dev.syncs == result.syncs + 16 + result.end_syncs
     assert result.failure is None
 
 

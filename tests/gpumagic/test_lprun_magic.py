@@ -562,13 +562,65 @@ def test_gpu_and_memory_columns(shell: InteractiveShell, dev: FakeDevice) -> Non
         rows["return dev.item()"],
     )
     assert alloc[-4:] == ("+1.0", "MiB", "1.0", "MiB")  # Mem Δ and Peak
-    assert float(launch[4]) >= 49  # GPU Time of the launching line
+    assert launch[4:6] == ("50.0", "100.0")  # GPU Time of the launching line: CUPTI's
     assert float(wait[1]) >= 49  # host time where it waited (no sync)
-    assert wait[6] == "1"  # one synchronizing call
+    assert wait[4] == "1"  # no GPU work of its own; one synchronizing call
     assert "⚠ 1" in run.html
     assert 'class="sync"' in run.html
-    assert "GPU Time: time on the GPU between CUDA events" in run.text
+    assert "GPU Time: the device time CUPTI recorded" in run.text
     assert dev.debug_mode == 0
+
+
+def test_gpu_no_sync_inserts_no_synchronize_and_says_what_ran(
+    shell: InteractiveShell, dev: FakeDevice
+) -> None:
+    cell(shell, STEP)
+    before = dev.syncs
+    run = Run(shell, "%lprun -f step -u 1e-3 --gpu --no-sync step(dev); step(dev)")
+    assert run.result.success
+    # Only torch.profiler's record needs the GPU done, once, after the run; the one
+    # .item() per call is the user's own.
+    assert dev.syncs - before == 1
+    assert "--no-sync: no synchronize at line boundaries" in run.text
+    assert "--gpu: 2 kernels, copies and memsets, 100 ms on the GPU; recording cost" in run.text
+    assert (
+        "one synchronize after the run, so that the record is complete, and not one at "
+        "a line boundary." in run.text
+    )
+    assert run.table("step")["dev.launch(0.05)"][4:6] == ("100.0", "100.0")
+    # The default synchronizes at each boundary as before, --gpu or not.
+    before = dev.syncs
+    run = Run(shell, "%lprun -f step --gpu step(dev)")
+    assert "Synchronized cuda:0 at every profiled line boundary" in run.text
+    assert dev.syncs - before > 3
+
+
+def test_gpu_self_and_backward_columns(shell: InteractiveShell, dev: FakeDevice) -> None:
+    cell(
+        shell,
+        """
+        def layer(dev):
+            dev.launch(0.002, grad=True)
+            return 1
+
+        def train(dev):
+            h = layer(dev)
+            dev.launch(0.001, grad=True)
+            dev.backward()
+        """,
+    )
+    run = Run(shell, "%lprun -f train -f layer -u 1e-3 --gpu --no-sync train(dev)")
+    header = next(line for line in run.text.splitlines() if line.startswith("Line #"))
+    columns = "Line #|Hits|Time|Per Hit|% Time|GPU Time|% GPU|Self|Bwd|Syncs|Line Contents"
+    assert re.split(r"\s{2,}", header.strip()) == columns.split("|")
+    rows = run.table("train")
+    # GPU Time, % GPU, Self, Bwd: the forward kernel plus the backward one it built.
+    assert rows["h = layer(dev)"][4:8] == ("4.0", "66.7", "0.0", "2.0")
+    assert rows["dev.launch(0.001, grad=True)"][4:8] == ("2.0", "33.3", "2.0", "1.0")
+    assert len(rows["dev.backward()"]) == 4  # no GPU work of its own left
+    assert run.table("layer")["dev.launch(0.002, grad=True)"][4:8] == ("4.0", "100.0", "4.0", "2.0")
+    assert "Bwd: backward kernels charged to the forward line" in run.text
+    assert "<th>Self</th><th>Bwd</th>" in run.html
 
 
 @pytest.mark.usefixtures("no_cuda")

@@ -16,6 +16,9 @@ touched and tests can swap it in one place:
   graph, a module, a compiled callable) and ``torch.device`` objects;
 * :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
   asynchronous CUDA errors;
+* :mod:`~gpumagic.cuda.kernel_trace`: torch.profiler's record of the kernels, copies
+  and memsets a stretch of code ran and the torch ops that launched them, as plain
+  records (``%lprun --gpu``);
 * :mod:`~gpumagic.cuda.op_counts`: the FLOPs (torch's ``FlopCounterMode``) and bytes
   of one call, for ``%cudatime``'s roofline; torch, but no CUDA API;
 * :mod:`~gpumagic.cuda.process_group`: ``torch.distributed``'s rendezvous and process
@@ -88,6 +91,15 @@ from gpumagic.cuda.discovery import (
     visible_devices,
 )
 from gpumagic.cuda.flags import torch_default_cache_dir, torch_flags
+from gpumagic.cuda.kernel_trace import (
+    DeviceWork,
+    HostOp,
+    KernelRecorder,
+    KernelTrace,
+    RuntimeCall,
+    profiler_running,
+    start_kernel_trace,
+)
 from gpumagic.cuda.objects import (
     TensorFacts,
     graph_owners,
@@ -141,12 +153,17 @@ __all__ = [
     "AsyncCudaError",
     "CudaUnavailable",
     "DevicePeaks",
+    "DeviceWork",
     "GraphCaptureError",
+    "HostOp",
     "ImplicitSyncError",
     "KernelProfile",
+    "KernelRecorder",
+    "KernelTrace",
     "NvmlMemory",
     "OpCounts",
     "RunStore",
+    "RuntimeCall",
     "SmClock",
     "StoreGone",
     "SyncEvent",
@@ -194,6 +211,7 @@ __all__ = [
     "on_cuda_init",
     "open_run_store",
     "profile_kernels",
+    "profiler_running",
     "rank_device",
     "rank_environment",
     "record_event",
@@ -207,6 +225,7 @@ __all__ = [
     "set_sync_debug_mode",
     "sm_clock",
     "spin",
+    "start_kernel_trace",
     "start_memory_history",
     "start_torch",
     "status",

@@ -1,0 +1,388 @@
+"""``%lprun --gpu``'s core on synthetic traces, and on a real CPU profile of a training
+step where the ops' own CPU time stands in for kernel time (the GPU path swaps in
+CUPTI's kernel durations through the same links: ``test_lprun_kernels_gpu.py``)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from fake_runtime import FakeDevice
+
+from fake_cuda import install
+from gpumagic import cuda
+from gpumagic.cuda.kernel_trace import DeviceWork, HostOp, KernelTrace, RuntimeCall
+from gpumagic.lineprof import GpuLineProfiler
+from gpumagic.lineprof_attribution import attribute
+from gpumagic.lineprof_kernels import MARK_PREFIX
+from gpumagic.lineprof_timeline import ClockFit, LineStacks
+
+if TYPE_CHECKING:
+    from gpumagic.lineprof_timeline import LineEvent, Where
+
+F: Any = ("f.py", 1, "f")  # a profiled function's label
+G: Any = ("f.py", 10, "g")
+
+
+def at(label: Any, line: int) -> Where:
+    return (label, line)
+
+
+def stacks(*events: LineEvent, thread: int = 7) -> LineStacks:
+    return LineStacks({thread: list(events)})
+
+
+def charge(trace: KernelTrace, timeline: LineStacks, **more: Any) -> Any:
+    options: dict[str, Any] = {"threads": {1: 7}, "os_threads": {}, "session_thread": 7}
+    return attribute(trace, timeline, ClockFit(offset=0.0), **options | more)
+
+
+def op(ident: int, start: int, end: int, **more: Any) -> HostOp:
+    return HostOp(
+        id=ident,
+        name=more.pop("name", "aten::mm"),
+        thread=more.pop("thread", 1),
+        start_ns=start,
+        end_ns=end,
+        **more,
+    )
+
+
+def kernel(ns: int, op_id: int, correlation: int = 0) -> DeviceWork:
+    return DeviceWork("kernel", "k", ns, op_id, correlation or 1000 + op_id)
+
+
+# -- the line timeline -------------------------------------------------------------------
+
+
+def test_stacks_follow_calls_returns_and_lines() -> None:
+    timeline = stacks(
+        (100, 1, at(F, 2)),  # f starts line 2
+        (200, 2, at(G, 11)),  # f calls g
+        (300, 2, at(G, 12)),
+        (400, 2, None),  # g returns
+        (500, 1, at(F, 3)),
+        (600, 1, None),
+    )
+    assert timeline.at(7, 50) == ()
+    assert timeline.at(7, 150) == (at(F, 2),)
+    assert timeline.at(7, 250) == (at(F, 2), at(G, 11))
+    assert timeline.at(7, 399) == (at(F, 2), at(G, 12))
+    assert timeline.at(7, 450) == (at(F, 2),)
+    assert timeline.at(7, 550) == (at(F, 3),)
+    assert timeline.at(7, 700) == ()
+    assert timeline.at(8, 250) == ()  # another thread ran nothing
+
+
+def test_stacks_survive_generators_and_missed_exits() -> None:
+    timeline = stacks(
+        (100, 1, at(F, 2)),
+        (200, 2, at(G, 11)),  # a generator runs...
+        (300, 2, None),  # ...and yields
+        (400, 3, at(G, 11)),  # another frame (or the generator, resumed elsewhere)
+        (500, 1, at(F, 3)),  # f's next line: the frame above left without an event
+        (600, 9, None),  # the exit of a frame never seen open
+    )
+    assert timeline.at(7, 350) == (at(F, 2),)
+    assert timeline.at(7, 450) == (at(F, 2), at(G, 11))
+    assert timeline.at(7, 550) == (at(F, 3),)
+    assert timeline.at(7, 650) == (at(F, 3),)
+
+
+def test_clock_fit_narrows_to_what_the_marks_agree_on() -> None:
+    # The profiler's clock is the host's + 1000; each mark was taken inside its bracket.
+    marks = [(0, 10, 1003), (20, 26, 1025), (40, 60, 1041)]
+    fit = ClockFit.from_marks(marks)
+    assert fit.offset == pytest.approx(1000, abs=1)
+    assert fit.error_ns <= 1
+    assert fit.to_host(5000) == pytest.approx(4000, abs=1)
+
+
+def test_clock_fit_follows_drift_between_the_start_and_the_end() -> None:
+    start = [(0, 4, 1002), (10, 12, 1011)]
+    end = [(10_000_000, 10_000_004, 10_001_052), (10_000_010, 10_000_012, 10_001_061)]
+    fit = ClockFit.from_marks(start + end)
+    assert fit.to_host(1011) == pytest.approx(11, abs=2)
+    assert fit.to_host(10_001_061) == pytest.approx(10_000_011, abs=2)
+    assert fit.slope == pytest.approx(5e-6, rel=0.2)
+
+
+def test_clock_fit_takes_the_tightest_mark_when_brackets_disagree() -> None:
+    fit = ClockFit.from_marks([(0, 2, 1001), (100, 400, 1390)])  # the second was descheduled
+    assert fit.offset == pytest.approx(1000, abs=1)
+    with pytest.raises(ValueError, match="no marks"):
+        ClockFit.from_marks([])
+
+
+# -- charging ---------------------------------------------------------------------------
+
+
+def test_self_goes_to_the_innermost_line_inclusive_to_each_line_once() -> None:
+    timeline = stacks(
+        (100, 1, at(F, 2)),
+        (200, 2, at(F, 2)),  # recursion: the same line twice on the stack
+        (300, 2, None),
+        (400, 1, None),
+    )
+    trace = KernelTrace(ops=(op(1, 250, 260), op(2, 350, 360)), work=(kernel(5, 1), kernel(7, 2)))
+    found = charge(trace, timeline)
+    line = found.lines[F][2]
+    assert (line.self_ns, line.total_ns, line.launches) == (12, 12, 2)
+    assert found.charged_ns == found.total_ns == 12
+
+
+def test_backward_goes_to_the_last_forward_op_with_its_sequence_number() -> None:
+    timeline = stacks((100, 1, at(F, 2)), (200, 1, at(F, 3)), (300, 1, at(F, 4)), (400, 1, None))
+    trace = KernelTrace(
+        ops=(
+            op(1, 110, 120, seq=5, name="aten::t"),  # line 2 peeked 5 but built no node
+            op(2, 210, 250, seq=5, name="aten::linear"),  # line 3 built node 5...
+            op(3, 211, 240, seq=5, name="aten::t"),  # ...in this op, inside the composite
+            # line 4: backward() on the engine's thread (torch thread 2)
+            op(
+                4,
+                310,
+                335,
+                seq=5,
+                fwd_thread=1,
+                thread=2,
+                name="autograd::engine::evaluate_function: TBackward0",
+            ),
+            op(5, 320, 330, thread=2, name="aten::transpose"),
+            op(
+                6,
+                340,
+                350,
+                thread=2,
+                name="autograd::engine::evaluate_function: torch::autograd::AccumulateGrad",
+            ),
+            op(7, 341, 349, thread=2, name="aten::add_"),
+        ),
+        work=(kernel(9, 5), kernel(4, 7)),
+    )
+    found = charge(trace, timeline)
+    assert found.lines[F][3].backward_self_ns == 9
+    assert 2 not in found.lines[F]
+    # Accumulating a gradient built no forward node: it stays on the backward() line.
+    assert (found.lines[F][4].total_ns, found.lines[F][4].backward_total_ns) == (4, 0)
+    assert (found.backward_ns, found.backward_to_forward_ns) == (13, 9)
+
+
+def test_launches_without_an_op_go_by_their_runtime_call() -> None:
+    timeline = stacks((100, 1, at(F, 2)), (200, 1, None))
+    trace = KernelTrace(
+        work=(
+            DeviceWork("kernel", "a", 3, 0, 50),
+            DeviceWork("kernel", "b", 4, 0, 50),  # one graph replay, two kernels
+            DeviceWork("memcpy", "c", 5, 0, 51),  # launched on a thread we never saw
+            DeviceWork("kernel", "d", 6, 0, 52),  # no runtime call in the record
+        ),
+        calls=(
+            RuntimeCall(50, "cudaGraphLaunch", 4242, 150),
+            RuntimeCall(51, "cudaMemcpy", 99, 150),
+        ),
+    )
+    found = charge(trace, timeline, os_threads={4242: 7})
+    line = found.lines[F][2]
+    assert (line.total_ns, line.launches) == (7, 1)
+    assert (found.graph_replays, found.graph_ns) == (1, 7)
+    assert (found.other_threads_ns, found.unlinked_ns) == (5, 6)
+
+
+def test_a_kernel_with_only_its_runtime_call_goes_to_the_launching_line() -> None:
+    # The spin line: torch.cuda._sleep launches with no aten op around it, so its kernel
+    # links to no op; its cudaLaunchKernel names the OS thread, not torch's id (1).
+    timeline = stacks((100, 1, at(F, 2)), (200, 1, at(F, 3)), (300, 1, None))
+    trace = KernelTrace(
+        ops=(op(1, 120, 130),),
+        work=(kernel(5, 1, correlation=60), DeviceWork("kernel", "spin", 9, 0, 61)),
+        calls=(
+            RuntimeCall(60, "cudaLaunchKernel", 4242, 121),
+            RuntimeCall(61, "cudaLaunchKernel", 4242, 250),
+        ),
+    )
+    found = charge(trace, timeline, os_threads={4242: 7})
+    assert (found.lines[F][2].self_ns, found.lines[F][3].self_ns) == (5, 9)
+    assert found.lines[F][3].launches == 1
+    assert found.charged_ns == found.total_ns == 14
+    # Without the OS thread's alias the kernel is counted apart, not lost nor misplaced.
+    found = charge(trace, timeline)
+    assert (found.lines[F][2].self_ns, 3 in found.lines[F]) == (5, False)
+    assert found.other_threads_ns == 9
+
+
+def test_work_outside_the_lines_and_on_other_threads_is_counted_apart() -> None:
+    timeline = stacks((100, 1, at(F, 2)), (200, 1, None))
+    trace = KernelTrace(
+        ops=(op(1, 50, 60), op(2, 250, 260), op(3, 150, 160, thread=3)),
+        work=(kernel(1, 1), kernel(2, 2), kernel(4, 3), kernel(8, 99)),
+    )
+    found = charge(trace, timeline)
+    assert (found.outside_ns, found.other_threads_ns, found.unlinked_ns) == (3, 4, 8)
+    assert found.charged_ns == 0
+
+
+def test_sessions_add_up() -> None:
+    timeline = stacks((100, 1, at(F, 2)), (200, 1, None))
+    trace = KernelTrace(ops=(op(1, 150, 160),), work=(kernel(5, 1),))
+    total = charge(trace, timeline)
+    total.add(charge(trace, timeline))
+    assert (total.lines[F][2].total_ns, total.total_ns, total.work) == (10, 10, 2)
+
+
+def test_kineto_events_become_plain_records() -> None:
+    device_type = SimpleNamespace(CPU="cpu", CUDA="cuda")
+
+    def event(name: str, kind: str | None, device: str = "cpu", **more: Any) -> Any:
+        fields = {
+            "name": name,
+            "device_type": device,
+            "duration_ns": 5,
+            "linked_correlation_id": 1,
+            "correlation_id": 2,
+            "device_index": 0,
+            "device_resource_id": 7,
+            "start_thread_id": 3,
+            "start_ns": 100,
+            "end_ns": 105,
+            "sequence_nr": 4,
+            "fwd_thread_id": 0,
+        } | more
+        methods = {key: (lambda value=value: value) for key, value in fields.items()}
+        if kind is not None:
+            methods["activity_type"] = lambda kind=kind: kind
+        return SimpleNamespace(**methods)
+
+    trace = cuda.kernel_trace.trace_from_events(
+        [
+            event("aten::mm", "cpu_op"),
+            event("ampere_sgemm", "kernel", "cuda"),
+            event("Memcpy HtoD", "gpu_memcpy", "cuda"),
+            event("cudaLaunchKernel", "cuda_runtime"),
+            event("[memory]", "cpu_instant_event"),
+            event("Memset (Device)", None, "cuda"),  # an older torch: no activity type
+            event("cudaMemsetAsync", None),
+            event("aten::add", None),
+        ],
+        device_type,
+    )
+    assert [o.name for o in trace.ops] == ["aten::mm", "aten::add"]
+    assert [(w.kind, w.op, w.stream) for w in trace.work] == [
+        ("kernel", 1, 7),
+        ("memcpy", 1, 7),
+        ("memset", 1, 7),
+    ]
+    assert [c.name for c in trace.calls] == ["cudaLaunchKernel", "cudaMemsetAsync"]
+    # A runtime call's thread is Kineto's resource id (the caller's), not the op's one.
+    assert [c.thread for c in trace.calls] == [7, 7]
+
+
+# -- a real training step on the CPU, its ops' time standing in for kernels ---------------
+
+
+def train_step(net: Any, x: Any, y: Any) -> Any:
+    torch = net.torch
+    h = net.fc1(x)
+    h = torch.relu(h)
+    out = net.fc2(h)
+    loss = (out - y).pow(2).mean()
+    loss.backward()
+    net.step()  # SGD, then the gradients set to None
+    return loss
+
+
+#: Ops that only make a new view or an empty tensor: they launch no kernel on a GPU.
+NO_KERNEL = {
+    "aten::detach",
+    "detach",
+    "aten::t",
+    "aten::transpose",
+    "aten::as_strided",
+    "aten::view",
+    "aten::expand",
+    "aten::resolve_conj",
+    "aten::empty",
+    "aten::empty_like",
+    "aten::empty_strided",
+    "aten::result_type",
+    "aten::to",
+    "aten::alias",
+}
+
+
+class StandInRecorder:
+    """The real profiler (CPU activity only); on stop, every leaf torch op becomes the
+    "kernel" it would have launched, its CPU time standing in for the kernel's."""
+
+    def __init__(self) -> None:
+        self.real = cuda.kernel_trace.KernelRecorder(cuda=False)
+
+    def mark(self, label: str) -> tuple[int, int]:
+        return self.real.mark(label)
+
+    def stop(self) -> KernelTrace:
+        trace = self.real.stop()
+        ops = [o for o in trace.ops if not o.name.startswith(MARK_PREFIX)]
+        parents = {
+            outer.id
+            for outer in ops
+            for inner in ops
+            if inner is not outer
+            and inner.thread == outer.thread
+            and outer.start_ns <= inner.start_ns
+            and inner.end_ns <= outer.end_ns
+        }
+        work = tuple(
+            DeviceWork("kernel", o.name, o.end_ns - o.start_ns, o.id, 0)
+            for o in ops
+            if o.id not in parents and o.name not in NO_KERNEL
+        )
+        return KernelTrace(trace.ops, work, ())
+
+
+def test_backward_time_of_a_real_training_step_goes_to_its_forward_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    FakeDevice().install(monkeypatch)  # a CUDA context as far as %lprun can tell
+    install(
+        monkeypatch,
+        start_kernel_trace=lambda cuda=True: StandInRecorder(),
+        profiler_running=lambda: False,
+    )
+    torch.manual_seed(0)
+    fc1, fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)
+    params = [*fc1.parameters(), *fc2.parameters()]
+
+    def step() -> None:  # torch.optim would import torch._dynamo: seconds, on this CPU
+        with torch.no_grad():
+            torch._foreach_add_(params, [p.grad for p in params], alpha=-0.01)
+        for p in params:
+            p.grad = None
+
+    net = SimpleNamespace(torch=torch, fc1=fc1, fc2=fc2, step=step)
+    x, y = torch.randn(128, 64), torch.randn(128, 8)
+    train_step(net, x, y)  # warm
+    prof = GpuLineProfiler(sync=False, gpu=True)
+    prof.add_target(train_step)
+    with prof.session():
+        train_step(net, x, y)
+    result = prof.result()
+    found = result.kernels
+    assert found is not None, result.kernels_failure
+    first = train_step.__code__.co_firstlineno
+    lines = {
+        line - first: figures for line, figures in found.lines[next(iter(found.lines))].items()
+    }
+    for forward in (2, 3, 4, 5):  # fc1, relu, fc2, the loss: each built nodes
+        assert lines[forward].backward_total_ns > 0, forward
+    assert found.backward_to_forward_ns >= 0.9 * found.backward_ns > 0
+    # backward() keeps what built no forward node (the seed gradient).
+    assert lines[6].total_ns - lines[6].backward_total_ns < 0.1 * found.backward_ns
+    assert lines[7].total_ns > 0  # the optimizer's step: its own work
+    assert lines[7].backward_total_ns == 0
+    assert found.charged_ns + found.outside_ns + found.other_threads_ns == found.total_ns
+    assert found.other_threads_ns == 0
+    assert threading.active_count() >= 1
