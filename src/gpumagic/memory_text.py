@@ -191,6 +191,8 @@ def holder_summary(report: MemoryReport) -> list[str]:
     for index, unreachable in report.unreachable:
         label = f"cuda:{index}"
         count = sum(1 for h in scan.holders if h.device == label)
+        if not count and not unreachable:
+            continue  # a device this process holds nothing on: nothing to say
         found.append(
             f"{label}: names reach {format_bytes(scan.reachable(label))} in {count} "
             f"storage{'' if count == 1 else 's'}; {format_bytes(unreachable)} is reachable "

@@ -555,6 +555,23 @@ def test_top_reports_reachable_and_unreachable_per_device(monkeypatch: pytest.Mo
     assert "cuda:0: names reach 400 B in 1 storage; 1000 B is reachable from no name" in text
 
 
+def test_top_says_nothing_of_a_device_that_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two GPUs, tensors on the first only: no "cuda:1: names reach 0 B in 0 storages"."""
+    gpu = FakeAllocator(2, initialized=True).install(monkeypatch)
+    gpu.alloc(100 * 4)
+
+    def facts(obj: object) -> Any:
+        found = objects.tensor_facts(obj)
+        return None if found is None else found.__class__(**{**found.__dict__, "device": "cuda:0"})
+
+    install(monkeypatch, tensor_facts=facts)
+    roots = memory_holders.namespace_roots({"x": torch.empty(100)})
+    report = memory.read_report(gpu.devices, summary="s", top=5, roots=roots)
+    text = memory_text.format_report(report)
+    assert "cuda:0: names reach 400 B in 1 storage; 0 B is reachable from no name" in text
+    assert "cuda:1:" not in text
+
+
 # ---------------------------------------------------------------------------
 # Result objects
 
