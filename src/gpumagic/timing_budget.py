@@ -5,9 +5,11 @@ The budget has four parts, in this order:
 
 1. **warm-up and sizing**: a quarter of it (:data:`WARMUP_SHARE`); a warm-up batch that
    could end past the share is not started;
-2. **the counters' set-up**: the first count of a process loads what torch's dispatch
-   needs (several hundred modules), timed on its own (here when the warm-up's estimate
-   says the counting call fits, else just before it);
+2. **the counters' set-up**, outside the budget: the first count of a process loads what
+   torch's dispatch needs (several hundred modules, seconds on some machines), once a
+   session like the first call, so it does not take the runs' time; timed on its own
+   (here when the warm-up's estimate says the counting call fits, else just before it)
+   and said when it is long;
 3. **the runs**: a run starts only before the budget, less the counting call's
    reserve, is spent, so the measurement ends within its budget plus one run (the
    fewest runs, 3, are made while they fit; one always is);
@@ -71,6 +73,11 @@ class BudgetSpent:
         return self.warmup + self.runs + self.count
 
     @property
+    def in_budget(self) -> float:
+        """What the budget covers: :attr:`total` less the counters' set-up."""
+        return self.total - self.count_setup
+
+    @property
     def warmup_over(self) -> bool:
         """Whether warm-up and sizing took more than their share of the budget."""
         return self.warmup > WARMUP_SHARE * self.budget
@@ -78,28 +85,31 @@ class BudgetSpent:
     def note(self, runs: int, run_length: float, *, runs_fixed: bool) -> str | None:
         """One line on where the budget went, when it matters: fewer than 7 runs fit
         (``runs_fixed``: ``-r`` chose them), warm-up and sizing ran over their share, or
-        counting took a noticeable part; ``None`` otherwise."""
+        counting took a noticeable part; then the counters' set-up when it was long (it
+        is outside the budget); ``None`` when there is nothing to say."""
         warmup = f"warm-up and sizing took {format_time(self.warmup)}"
         if self.warmup_over:
             warmup += f" (their share is {format_time(WARMUP_SHARE * self.budget)})"
+        counted = self.count - self.count_setup
         count = ""
-        if self.count > WORTH_SAYING * self.budget:
-            count = f"counting FLOPs and bytes took {format_time(self.count)}"
-            if self.count_setup:
-                count += (
-                    f" ({format_time(self.count_setup)} of it loading torch's counters, "
-                    "once a session; --no-count skips it)"
-                )
+        if counted > WORTH_SAYING * self.budget:
+            count = f"counting FLOPs and bytes took {format_time(counted)}"
+        setup = ""
+        if self.count_setup > WORTH_SAYING * self.budget:
+            setup = (
+                f"Loading torch's counters took {format_time(self.count_setup)}, once a "
+                "session and outside the budget (--no-count skips it)."
+            )
         budget = f"the budget of {self.budget:g} s (--budget)"
         if runs < FEWEST_SAID and not runs_fixed:
             said = f"Only {runs} run{'s' if runs != 1 else ''} fit in {budget}: {warmup}, "
             said += f"{count}, " if count else ""
-            return said + f"then a run took {format_time(run_length)}."
+            said += f"then a run took {format_time(run_length)}."
+            return f"{said} {setup}" if setup else said
         parts = [warmup] if self.warmup_over else []
         parts += [count] if count else []
-        if not parts:
-            return None
-        return f"Of {budget}, " + "; ".join(parts) + "."
+        said = f"Of {budget}, " + "; ".join(parts) + "." if parts else ""
+        return " ".join(filter(None, (said, setup))) or None
 
 
 def count_estimate(per_loop: float) -> float:

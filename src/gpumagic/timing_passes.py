@@ -301,8 +301,8 @@ class Passes:
     def _plan_count(self, per_loop: float) -> None:
         """Before the runs, from the warm-up's ``per_loop``: when the counting call looks
         like it fits its share of the budget, the counters loaded (the first count of a
-        process imports several hundred modules: timed, in the budget) and the call's
-        time reserved from the runs'. :meth:`_count` decides again on the runs."""
+        process imports several hundred modules: timed, outside the budget) and the
+        call's time reserved from the runs'. :meth:`_count` decides again on the runs."""
         budget = self.options.budget
         estimate = count_estimate(per_loop)
         if self._counting() and not count_skipped(estimate, budget):

@@ -336,7 +336,9 @@ class Timer(Passes):
         try:
             self._plan_count(self.per_loop)
             self.count_before_runs = self.count_spent  # the counters' set-up, if made
-            deadline = self.began + options.budget - self.count_reserve
+            # The counters' set-up (once a session, seconds on some machines) is outside
+            # the budget, like the first call: it does not take the runs' time.
+            deadline = self.began + self.count_setup + options.budget - self.count_reserve
             self.sized = self.clock()  # the start of the runs kept (after the last resize)
             self._say_wait(loops, deadline)
             while True:

@@ -97,17 +97,28 @@ def test_a_run_starts_only_before_the_deadline() -> None:
 def test_the_note_says_where_the_budget_went() -> None:
     spent = BudgetSpent(budget=1.0, warmup=0.7, runs=2.34, count=0.4, count_setup=0.39)
     assert spent.total == pytest.approx(3.44)
+    assert spent.in_budget == pytest.approx(3.05)
     assert spent.warmup_over
     assert spent.note(1, 2.34, runs_fixed=False) == (
         "Only 1 run fit in the budget of 1 s (--budget): warm-up and sizing took 700 ms "
-        "(their share is 250 ms), counting FLOPs and bytes took 400 ms (390 ms of it "
-        "loading torch's counters, once a session; --no-count skips it), then a run took "
-        "2.34 s."
+        "(their share is 250 ms), then a run took 2.34 s. Loading torch's counters took "
+        "390 ms, once a session and outside the budget (--no-count skips it)."
     )
     assert spent.note(9, 0.04, runs_fixed=False) == (
         "Of the budget of 1 s (--budget), warm-up and sizing took 700 ms (their share is "
-        "250 ms); counting FLOPs and bytes took 400 ms (390 ms of it loading torch's "
-        "counters, once a session; --no-count skips it)."
+        "250 ms). Loading torch's counters took 390 ms, once a session and outside the "
+        "budget (--no-count skips it)."
+    )
+    counting = BudgetSpent(budget=1.0, warmup=0.2, runs=0.7, count=0.5, count_setup=0.3)
+    assert counting.note(9, 0.04, runs_fixed=False) == (
+        "Of the budget of 1 s (--budget), counting FLOPs and bytes took 200 ms. Loading "
+        "torch's counters took 300 ms, once a session and outside the budget (--no-count "
+        "skips it)."
+    )
+    setup_only = BudgetSpent(budget=1.0, warmup=0.2, runs=0.7, count=5.95, count_setup=5.94)
+    assert setup_only.note(7, 0.1, runs_fixed=False) == (
+        "Loading torch's counters took 5.94 s, once a session and outside the budget "
+        "(--no-count skips it)."
     )
     # Nothing to say: the share kept, counting a small part, enough runs (or -r's).
     quiet = BudgetSpent(budget=1.0, warmup=0.25, runs=0.7, count=0.01)
@@ -232,22 +243,26 @@ def test_warm_up_over_its_share_is_said_in_one_line(clock: FakeClock) -> None:
     )
 
 
-def test_the_counting_call_is_counted_in_the_budget_and_said(
+def test_the_counters_set_up_is_outside_the_budget_and_said(
     clock: FakeClock, counters: FakeCounters
 ) -> None:
-    """The first count of a session loads torch's counters (0.7 s here, 0.69 s in
-    issue 39): inside the budget, and said; the next measurement pays only its call."""
+    """The first count of a session loads torch's counters (0.69 s in issue 39, 5.94 s
+    on an H200 machine on 2026-11-27, where the first ``%cudatime`` of the how-to page
+    got 1 run): outside the budget, like the first call, and said; the runs get their
+    budget; the next measurement pays only its call."""
+    counters.load = 5.94
     options = TimingOptions(host_only=True)
     first = time_cuda(clock.body(1e-3), options, takes_count=False)
     spent = first.budget_spent
     assert spent is not None
     assert (counters.counts, first.flops, first.bytes) == (1, 100, 200)
-    assert (spent.count_setup, spent.count) == (pytest.approx(0.7), pytest.approx(0.701))
+    assert (spent.count_setup, spent.count) == (pytest.approx(5.94), pytest.approx(5.941))
     assert spent.total == pytest.approx(after_first_call(clock, first))
-    assert spent.total <= 1.0 + max(first.host_runs)
+    assert spent.in_budget <= 1.0 + max(first.host_runs)
+    assert first.repeat >= 7
     assert (
-        "counting FLOPs and bytes took 701 ms (700 ms of it loading torch's counters, once "
-        "a session; --no-count skips it)"
+        "Loading torch's counters took 5.94 s, once a session and outside the budget "
+        "(--no-count skips it)."
     ) in first.notes[-1]
 
     second = time_cuda(clock.body(1e-3), options, takes_count=False)
