@@ -172,6 +172,39 @@ def test_the_peak_counts_what_was_allocated_before_the_test(
     )
 
 
+def test_memory_held_from_before_is_not_a_test_that_allocated_nothing(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    """A module fixture holds 6 MiB, over a 4 MiB limit: a test that allocates nothing
+    there is not judged (the ring says so: no read at its start), one that allocates is."""
+    planted(
+        """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def model(fake_cuda):
+            return fake_cuda.tensor(6 << 20)
+
+        @pytest.mark.cuda_limit_memory("4MiB")
+        def test_reads_only(fake_cuda, model):
+            assert model.size == 6 << 20
+
+        @pytest.mark.cuda_limit_memory("4MiB")
+        def test_allocates(fake_cuda, model):
+            x = fake_cuda.tensor(1 << 20)
+            del x
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_allocates*peaked at 7.0 MiB on cuda:0, over its limit of 4.0 MiB*",
+            "Peak 7.0 MiB (7,340,032 B) on cuda:0; 6.0 MiB was allocated when the test started.",
+        ]
+    )
+
+
 def test_a_failing_test_keeps_its_failure_and_gets_the_limit_as_a_section(
     pytester: pytest.Pytester, planted: Callable[[str], None]
 ) -> None:
@@ -395,6 +428,8 @@ def test_blocks_at_peak_replays_to_the_highest_point() -> None:
     found = blocks_at_peak(snapshot, 0, start_us=15)
     assert found.complete
     assert found.before == 100
+    # What a start's allocator read would have said: 100 and 50 alive, and allocations.
+    assert (found.at_start, found.allocated) == (150, True)
     assert [(b.address, b.size, b.frames) for b in found.blocks] == [
         (2, 400, (Frame("test_x.py", 7, "test_x"),))
     ]
@@ -403,6 +438,24 @@ def test_blocks_at_peak_replays_to_the_highest_point() -> None:
     late = blocks_at_peak(snapshot, 0, start_us=15, ring_size=3)
     assert not late.complete
     assert [b.address for b in late.blocks] == [2]
+
+
+def test_the_ring_tells_a_test_that_allocated_nothing() -> None:
+    alive = {"address": 1, "size": 100, "requested_size": 100, "state": "active_allocated"}
+    snapshot = {
+        "segments": [{"device": 0, "blocks": [alive]}],
+        "device_traces": [[_alloc(1, 100, 5), _alloc(7, 50, 10), _free(7, 50, 20)]],
+    }
+    found = blocks_at_peak(snapshot, 0, start_us=15)
+    assert (found.complete, found.allocated, found.at_start) == (True, False, 150)
+
+
+def test_a_start_not_known_is_said() -> None:
+    over = OverLimit(0, 5 * MiB, 4 * MiB, "--cuda-limit-memory", start=None)
+    assert over.details().splitlines()[0] == (
+        "Peak 5.0 MiB (5,242,880 B) on cuda:0; what was allocated when the test started is "
+        "not known."
+    )
 
 
 def test_over_limit_renders_the_peak_and_what_was_before() -> None:

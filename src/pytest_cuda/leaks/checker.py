@@ -81,7 +81,7 @@ class _Check:
     #: The peaks reset at the start of its call (``--cuda-memory-report``).
     start: PeakStart | None = None
     result: LeakResult | None = None
-    peak: list[list[int]] | None = None
+    peak: list[tuple[int, int, int | None]] | None = None
     failure: str | None = None
     #: Where ``--cuda-memory-snapshot`` wrote its snapshot (or why it could not).
     snapshot: str | None = None

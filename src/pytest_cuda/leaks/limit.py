@@ -61,12 +61,16 @@ class PeakBlocks:
 
     ``blocks``: those allocated since then (with their stacks); ``before``: the bytes of
     those allocated earlier and still alive there. ``complete``: the ring reached back
-    to the moment (else the highest point of the part it kept).
+    to the moment (else the highest point of the part it kept). ``at_start``: the bytes
+    alive at the moment (blocks' sizes, as the allocator counts them; meaningful when
+    ``complete``); ``allocated``: an allocation since the moment.
     """
 
     blocks: tuple[Block, ...]
     before: int
     complete: bool
+    at_start: int = 0
+    allocated: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,15 +97,18 @@ def blocks_at_peak(
     end = {b.address: b for b in blocks_from_segments(snapshot.get("segments") or (), {device})}
     # Back from the end to the start: what was alive then.
     live: dict[int, _Live] = {a: _Live(b.requested, b.frames, False) for a, b in end.items()}
+    sizes = {a: b.size for a, b in end.items()}  # the allocator's own count of them
     last_alloc: dict[int, int] = {}
     for index in range(len(window) - 1, -1, -1):
         event = window[index]
         address, action = int(event.get("addr", -1)), event.get("action")
         if action == _ALLOC:
             live.pop(address, None)
+            sizes.pop(address, None)
             last_alloc.setdefault(address, index)
         elif action == _FREE:
             live[address] = _Live(int(event.get("size", 0)), (), False)
+            sizes[address] = int(event.get("size", 0))
     # Forward to the highest point.
     now = top = sum(b.size for b in live.values())
     peak_index = 0
@@ -129,7 +136,7 @@ def blocks_at_peak(
         if block.new
     )
     before = sum(block.size for block in live.values() if not block.new)
-    return PeakBlocks(blocks, before, complete)
+    return PeakBlocks(blocks, before, complete, sum(sizes.values()), bool(last_alloc))
 
 
 @dataclass(frozen=True)
@@ -137,16 +144,16 @@ class OverLimit:
     """One device's peak over a test's limit, with what was alive at the peak.
 
     ``source``: where the limit came from (the marker, the option, the ini value);
-    ``start``: bytes allocated when the test started; ``stacks``: the blocks allocated
-    by the test and alive at the peak, by allocating stack, largest first (``None``:
-    no event ring to replay, ``note`` says why); ``before``: bytes alive at the peak
-    that were allocated before the test."""
+    ``start``: bytes allocated when the test started (``None``: not known); ``stacks``:
+    the blocks allocated by the test and alive at the peak, by allocating stack, largest
+    first (``None``: no event ring to replay, ``note`` says why); ``before``: bytes
+    alive at the peak that were allocated before the test."""
 
     device: int
     peak: int
     limit: int
     source: str
-    start: int = 0
+    start: int | None = 0
     stacks: tuple[StackGroup, ...] | None = None
     before: int = 0
     note: str = ""
@@ -166,9 +173,13 @@ class OverLimit:
 
     def details(self, root: str | None = None) -> str:
         """The peak in bytes and the blocks alive at it, largest first."""
+        started = (
+            "what was allocated when the test started is not known"
+            if self.start is None
+            else f"{format_bytes(self.start)} was allocated when the test started"
+        )
         lines = [
-            f"Peak {format_bytes(self.peak)} ({self.peak:,} B) on cuda:{self.device}; "
-            f"{format_bytes(self.start)} was allocated when the test started."
+            f"Peak {format_bytes(self.peak)} ({self.peak:,} B) on cuda:{self.device}; {started}."
         ]
         if self.stacks is not None:
             lines.append("Blocks alive at the peak, by allocating stack (largest first):")

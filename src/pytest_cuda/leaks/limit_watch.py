@@ -5,10 +5,12 @@ Used the same way by the pytest process (:mod:`pytest_cuda.leaks.limiter`) and i
 every rank of a ``cuda_distributed`` test (:mod:`pytest_cuda.distributed.rank_main`).
 ``begin`` resets the peak counter of each device with a context
 (:func:`~pytest_cuda.leaks.peaks.reset_peaks`, as ``--cuda-memory-report`` does: one reset
-serves both); ``over`` reads the peaks (one allocator read per device with a context, at
-each end: the whole cost of a test under its limit) and, for a device past the limit,
-replays the allocator's events to the peak (:func:`~pytest_cuda.leaks.limit.blocks_at_peak`)
-and groups what was alive there by allocating stack. Never imports pytest; CUDA only
+serves both), and reads the allocator only where its events are not recorded; ``over``
+reads the peaks (one allocator read per device with a context: with the reset, the
+whole cost of a test under its limit) and, for a device past the limit, replays the
+allocator's events to the peak (:func:`~pytest_cuda.leaks.limit.blocks_at_peak`), which
+also says whether the test allocated there and what was allocated at its start, and
+groups what was alive at the peak by allocating stack. Never imports pytest; CUDA only
 through :mod:`gpumagic.cuda`.
 """
 
@@ -83,7 +85,9 @@ class LimitWatch:
     def begin(self, start: PeakStart | None = None) -> None:
         """The test starts: peaks reset now, or ``start``, a reset made for it already
         (``--cuda-memory-report``'s)."""
-        self._start = reset_peaks() if start is None else start
+        if start is None:
+            start = reset_peaks(marks=not cuda.memory_history_enabled())
+        self._start = start
 
     def over(self) -> list[OverLimit]:
         """The devices whose peak since :meth:`begin` went over the limit, with what was
@@ -99,10 +103,14 @@ class LimitWatch:
         is_user = FrameFilter.default().is_user
         start_us = self._start.at_us if self._start is not None else 0
         verdicts = []
-        for device, peak, start in found:
-            verdict = OverLimit(device, peak, self.limit, self.source, start)
+        for device, peak, read_start in found:
+            start = read_start
             if recorded:
                 at_peak = blocks_at_peak(self.snapshot, device, start_us, self.ring_size)
+                if start is None:  # no read at the start: the ring says
+                    if at_peak.complete and not at_peak.allocated:
+                        continue  # nothing allocated there: what it started with
+                    start = at_peak.at_start if at_peak.complete else None
                 stacks = group_by_stack(at_peak.blocks, is_user, outermost=self.outermost)
                 note = "" if at_peak.complete else self._lost_note()
                 verdict = OverLimit(

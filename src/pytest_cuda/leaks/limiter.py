@@ -95,7 +95,9 @@ class MemoryLimiter:
         if watch is None:
             return (yield)
         self.recording.ensure()
-        with CallPeaks(item) as start:
+        # With the allocator's events recorded, the ring says at the end what a start's
+        # allocator read would have (one read of about 19 µs less a clean test).
+        with CallPeaks(item, marks=not cuda.memory_history_enabled()) as start:
             watch.begin(start)
             try:
                 result = yield
