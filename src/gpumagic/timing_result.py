@@ -528,11 +528,15 @@ class CudaTimeResult:
         if self.brief:
             return "\n".join(brief.lines(self))
         lines = [f"{self.magic}  {self.label}".rstrip() + f"    [{self._header()}]"]
+        indent = " " * len(f"  {'':<12} {'':<20} ")
         for name, value, detail in self.rows():
             head = f"  {name:<12} {value:<20} "
-            parts = _wrap(detail, width=max(20, 80 - len(head))) or [""]
+            if len(head) > len(indent) and detail:  # a value wider than its column
+                lines.append(head.rstrip())
+                head = indent
+            parts = _wrap(detail, width=80 - len(indent)) or [""]
             lines.append((head + parts[0]).rstrip())
-            lines.extend(" " * len(head) + part for part in parts[1:])
+            lines.extend(indent + part for part in parts[1:])
         for mark, texts in (("!", self.warnings), ("·", self.notes)):
             for text in texts:
                 lines.extend(

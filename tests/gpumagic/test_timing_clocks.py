@@ -208,6 +208,25 @@ def test_the_cold_row_in_text_and_html() -> None:
     assert "L2 check" not in gpu_result().text()
 
 
+def test_a_value_wider_than_its_column_puts_its_detail_below() -> None:
+    """The L2 check's "no difference within the noise (0.988-1.12x, 99 %)" is wider than the
+    value column: its detail went to column 66 in a how-to page's output (issue 39)."""
+    warm = [1e-3 * (1 + 0.05 * ((i * 7) % 9 - 4) / 4) for i in range(15)]
+    r = gpu_result(
+        mode="cold",
+        runs=[t * 1.01 for t in reversed(warm)],
+        cold_warm_time=1e-3,
+        cold_warm_timings=warm,
+        flush_bytes=100 << 20,
+        l2_bytes=50 << 20,
+    )
+    lines = r.text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("  L2 check")]
+    assert "no difference within the noise" in lines[at]
+    assert lines[at + 1].startswith(" " * 36 + "warm single calls")
+    assert all(len(line) <= 80 for line in lines[1:])
+
+
 def test_the_gaps_row_shows_with_kernel_figures() -> None:
     r = gpu_result(
         kernel_time=200e-6,
