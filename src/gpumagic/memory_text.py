@@ -5,6 +5,7 @@ functions over the reports of :mod:`gpumagic.memory`; the HTML is in
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING
 
 from gpumagic.memory import CONTEXT_NOTE
@@ -224,7 +225,8 @@ def _holder_lines(report: MemoryReport) -> list[str]:
             lines.append(("  " + "  ".join(cells)).rstrip())
     else:
         lines.append("  (no live CUDA tensor is reachable from a name)")
-    lines.extend(f"  {t}" for t in holder_summary(report))
+    for text in holder_summary(report):
+        lines.extend(textwrap.wrap(text, width=90, initial_indent="  ", subsequent_indent="  "))
     return lines
 
 
