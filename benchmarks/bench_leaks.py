@@ -202,6 +202,11 @@ def main() -> None:
         help="with --suite: leave out the --cuda-leak-trace configuration (more rounds fit)",
     )
     parser.add_argument(
+        "--limit",
+        action="store_true",
+        help="with --suite: also --cuda-limit-memory=1TiB (a limit no test reaches)",
+    )
+    parser.add_argument(
         "--with-torch",
         action="store_true",
         help="with --suite: instead, compare PyTorch's CudaMemoryLeakCheck (on the first "
@@ -223,6 +228,7 @@ def main() -> None:
                 name=args.name,
                 xdist=args.xdist,
                 trace=not args.no_trace,
+                limit=args.limit,
             )
         return
     status = cuda.status()

@@ -12,7 +12,9 @@ is the configuration's doing, not the luck of unseeded tests. The configurations
   installed and no check asked for);
 * ``--cuda-leak-check``: the default check;
 * ``--cuda-leak-check --cuda-leak-trace``: the holder search without its time limit
-  (left out with ``--no-trace``, so that more rounds fit in the same time).
+  (left out with ``--no-trace``, so that more rounds fit in the same time);
+* ``--cuda-limit-memory=1TiB``, with ``--limit``: a memory limit no test reaches, what
+  a limit costs the suite.
 
 For each: the wall time of the whole process, the summed and the worst per-test growth
 of teardown time against the anchor (pytest's ``--durations``), the outcomes (JUnit
@@ -42,6 +44,8 @@ CONFIGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--cuda-leak-check", ("--cuda-leak-check",)),
     ("--cuda-leak-check --cuda-leak-trace", ("--cuda-leak-check", "--cuda-leak-trace")),
 )
+#: The memory limit on every test, one no test reaches: what a limit costs a suite.
+LIMIT = ("--cuda-limit-memory=1TiB", ("--cuda-limit-memory=1TiB",))
 PLUGIN_OFF = ("plugin off", ("-p", "no:cuda"))
 XDIST = ("--cuda-leak-check -n 4", ("--cuda-leak-check", "-n", "4"))
 #: PyTorch's checker on the first tests that use CUDA (torch_leak_check.py), compared
@@ -239,12 +243,13 @@ def main(
     name: str = "",
     xdist: bool = False,
     trace: bool = True,
+    limit: bool = False,
 ) -> None:
     targets = files or ["."]
     name = name or suite.name
     warm = run_config(suite, targets, PLUGIN_OFF[1], keyword)
     print(f"[{name}] warm-up ({PLUGIN_OFF[0]}): {warm['wall_s']:.1f} s wall, untimed", flush=True)
-    configs = list(CONFIGS if trace else CONFIGS[:2])
+    configs = list(CONFIGS if trace else CONFIGS[:2]) + ([LIMIT] if limit else [])
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in (*configs, XDIST)}
     for round_ in range(rounds):
         # Each round starts one configuration later: none keeps one place in the order
