@@ -15,6 +15,7 @@ from cudatime_call import cudatime
 
 from gpumagic import cuda
 from gpumagic import timing_checks as checks
+from gpumagic.units import quantile
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -97,17 +98,27 @@ def test_timer_cupti_is_the_same_runs_cupti_time(
     assert r.repeat >= 3
     assert r.events_time is not None
     # A spin has no gaps: the events time is the CUPTI time, at one clock. A spin counts
-    # cycles, so its time is 1/clock: where the SM clock moved between the events pass
-    # and the profiled pass (another GPU of the board busy, a power state; within the
-    # 2 % the events row keeps quiet about), the two times differ by the clocks' ratio.
-    # This failed once on two H200s, log lost: the clock is what can move (issue 39).
-    events_clock = checks.clock_range(r.event_clocks_mhz)
-    cupti_clock = checks.clock_range(r.run_clocks_mhz)
-    clocks = 1.0
-    if events_clock is not None and cupti_clock is not None:
-        clocks = cupti_clock[1] / events_clock[1]
-    print(f"clocks: events {events_clock}, CUPTI {cupti_clock}")
-    assert r.events_time / r.median == pytest.approx(clocks, rel=0.01)
+    # cycles, so its time is 1/clock, and under a power cap the SM clock moves from run
+    # to run (1,305 to 1,980 MHz on an H200 on 2026-11-27; a ratio of the two passes'
+    # median clocks was off by 1.5 %): the runs of both passes read at the same clock
+    # (NVML, right after each run) are compared, at the clock most runs of both share.
+    at_clock: dict[int, tuple[list[float], list[float]]] = {}
+    for times, clocks, side in (
+        (r.event_timings, r.event_clocks_mhz, 0),
+        (r.all_runs, r.run_clocks_mhz, 1),
+    ):
+        for time_, clock in zip(times, clocks, strict=True):
+            if clock is not None:
+                at_clock.setdefault(clock, ([], []))[side].append(time_)
+    shared = {c: runs for c, runs in at_clock.items() if min(map(len, runs)) >= 3}
+    print(
+        f"runs by clock (events, CUPTI): { ({c: tuple(map(len, v)) for c, v in at_clock.items()}) }"
+    )
+    if not shared:
+        pytest.skip(f"no SM clock held for 3 runs of each pass: {sorted(at_clock)} MHz")
+    clock = max(shared, key=lambda c: min(map(len, shared[c])))
+    events, cupti = shared[clock]
+    assert quantile(events, 0.5) == pytest.approx(quantile(cupti, 0.5), rel=0.01), clock
     text = " ".join(r.text().split())  # a long row wraps: its words, not its lines
     assert "CUPTI kernel time of profiled runs" in text
     assert "CUDA events, median of" in text
