@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,11 +48,14 @@ NBSP = "\u00a0"  # no-break space: textwrap does not break at it
 FIRST_CALL_WARNING = 10
 
 
+#: A number and the unit after it ("60.0 MiB", "220 µs", "5 %"): kept on one line.
+_NUMBER_UNIT = re.compile(r"(\d) (%|[KMGT]i?B\b|[mµnk]?s\b|B\b|[KMGT]?Hz\b)")
+
+
 def _wrap(text: str, **options: Any) -> list[str]:
-    """``textwrap.wrap``, never breaking a number from its ``%``."""
-    return [
-        line.replace(NBSP, " ") for line in textwrap.wrap(text.replace(" %", NBSP + "%"), **options)
-    ]
+    """``textwrap.wrap``, never breaking a number from its unit or ``%``."""
+    joined = _NUMBER_UNIT.sub(lambda m: m[1] + NBSP + m[2], text)
+    return [line.replace(NBSP, " ") for line in textwrap.wrap(joined, **options)]
 
 
 def _percent(value: float) -> str:
