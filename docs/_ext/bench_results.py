@@ -1459,17 +1459,31 @@ def _targets(run: Run) -> Table | None:
 
 def _table_memory_limit(run: Run) -> Table:
     r = run.records[0]
-    rows = [
-        ["clean body, no recording", f"{r['body_unrecorded_median_us']:.2f} µs"],
-        ["the limit's work around it", f"+{r['limit_cost_unrecorded_us']:.2f} µs"],
-        ["clean body, stacks recorded", f"{r['body_recorded_median_us']:.2f} µs"],
-        ["the limit's work around it", f"+{r['limit_cost_recorded_us']:.2f} µs"],
-        [
-            f"{r['suite_tests']}-test suite, with a limit minus without (paired, median of "
-            f"{r['suite_rounds']})",
-            f"{r['suite_paired_diff_median_s']:+.2f} s ({r['suite_overhead_pct']:+.1f} %)",
-        ],
-    ]
+    rows = []
+    for suffix, where in (("", "one device in use"), ("_all_devices", "two devices in use")):
+        if f"limit_cost_unrecorded{suffix}_us" not in r:
+            continue
+        rows += [
+            [f"clean body, {where}", f"{r[f'body_recorded{suffix}_median_us']:.2f} µs"],
+            [
+                f"the limit's work around it, {where} (the limit's own recording: reset, "
+                "one read at the end)",
+                f"+{r[f'limit_cost_recorded{suffix}_us']:.2f} µs",
+            ],
+            [
+                f"the limit's work around it, {where}, events not recorded (a read at "
+                "each end)",
+                f"+{r[f'limit_cost_unrecorded{suffix}_us']:.2f} µs",
+            ],
+        ]
+    if "suite_tests" in r:
+        rows.append(
+            [
+                f"{r['suite_tests']}-test suite, with a limit minus without (paired, median "
+                f"of {r['suite_rounds']})",
+                f"{r['suite_paired_diff_median_s']:+.2f} s ({r['suite_overhead_pct']:+.1f} %)",
+            ]
+        )
     return ["what", "median"], rows
 
 
