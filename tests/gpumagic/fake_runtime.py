@@ -204,6 +204,7 @@ class FakeDevice(FakeSeam):
             start_kernel_trace=self.start_kernel_trace,
             profiler_running=lambda: self.recorder is not None,
             sequence_counter=lambda: self.sequence_nr,
+            spin=self.spin,
         )
 
     def sequence_nr(self) -> int:

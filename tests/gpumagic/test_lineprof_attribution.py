@@ -302,7 +302,7 @@ def test_sessions_add_up() -> None:
 def test_kineto_events_become_plain_records() -> None:
     device_type = SimpleNamespace(CPU="cpu", CUDA="cuda")
 
-    def event(name: str, kind: str | None, device: str = "cpu", **more: Any) -> Any:
+    def event(name: str, kind: str | int | None, device: str = "cpu", **more: Any) -> Any:
         fields = {
             "name": name,
             "device_type": device,
@@ -332,14 +332,26 @@ def test_kineto_events_become_plain_records() -> None:
             event("Memset (Device)", None, "cuda"),  # an older torch: no activity type
             event("cudaMemsetAsync", None),
             event("aten::add", None),
+            # torch 2.11: a record_function range, and its span on the device over the
+            # kernels launched in it: neither is device work of its own.
+            event("Optimizer.step#SGD.step", None, "cuda", is_user_annotation=True),
+            event("Optimizer.step#SGD.step", None, is_user_annotation=True),
+            event("sm90_gemm", None, "cuda", is_user_annotation=False),
+            event("elementwise_kernel", 5, "cuda"),  # a build that gives Kineto's number
         ],
         device_type,
     )
-    assert [o.name for o in trace.ops] == ["aten::mm", "aten::add"]
+    assert [o.name for o in trace.ops] == [
+        "aten::mm",
+        "aten::add",
+        "Optimizer.step#SGD.step",
+    ]
     assert [(w.kind, w.op, w.stream) for w in trace.work] == [
         ("kernel", 1, 7),
         ("memcpy", 1, 7),
         ("memset", 1, 7),
+        ("kernel", 1, 7),
+        ("kernel", 1, 7),
     ]
     assert [c.name for c in trace.calls] == ["cudaLaunchKernel", "cudaMemsetAsync"]
     # A runtime call's thread is Kineto's resource id (the caller's), not the op's one.
