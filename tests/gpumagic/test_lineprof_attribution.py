@@ -1,6 +1,7 @@
 """``%lprun --gpu``'s core on synthetic traces, and on a real CPU profile of a training
-step where the ops' own CPU time stands in for kernel time (the GPU path swaps in
-CUPTI's kernel durations through the same links: ``test_lprun_kernels_gpu.py``)."""
+step (torch ops recorded only inside backward, as on a GPU) where each leaf op stands in
+for a kernel (the GPU path swaps in CUPTI's kernels and launches through the same links:
+``test_lprun_kernels_gpu.py``)."""
 
 from __future__ import annotations
 
