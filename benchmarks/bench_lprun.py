@@ -17,9 +17,9 @@
   ``.item()``: wall ms per call unprofiled and under each profiler setting. Per-line
   synchronization removes the CPU/GPU overlap, so this is where profiling slows code.
   Targets (issue 41): ``--gpu --no-sync`` <= 1.5x unprofiled; ``--gpu`` <= 1.1x the
-  default. Also torch.profiler alone around the loop, with the CPU ops recorded (as
-  ``--gpu`` records them) and with CUDA activity only: what the record costs without
-  the line hook.
+  default. Also torch.profiler alone around the loop, with the CPU ops recorded and
+  with CUDA activity only (as ``--gpu`` records a forward: torch ops only inside
+  ``backward()``): what the record costs without the line hook.
 * Training step. A small MLP (3 Linear layers of 2048, batch 2048): ``zero_grad``,
   forward, ``backward()``, ``step()``; ms per step under each setting, and for
   ``--gpu`` the share of the backward kernels' time charged to the forward lines
@@ -236,8 +236,8 @@ def main() -> int:
         if kind == "unprofiled":
             context: Any = None
         elif kind in PROFILER_ALONE:
-            # What --gpu's record costs by itself, no line hook: torch's CPU ops (the
-            # backward's sequence numbers come from them) and CUPTI's launches.
+            # What a record costs by itself, no line hook: with torch's CPU ops, and with
+            # CUPTI's launches only (what --gpu records outside backward()).
             from torch.autograd.profiler import profile as autograd_profile
 
             context = autograd_profile(
@@ -307,8 +307,8 @@ def main() -> int:
         if kind == "unprofiled":
             context: Any = None
         elif kind in PROFILER_ALONE:
-            # What --gpu's record costs by itself, no line hook: torch's CPU ops (the
-            # backward's sequence numbers come from them) and CUPTI's launches.
+            # What a record costs by itself, no line hook: with torch's CPU ops, and with
+            # CUPTI's launches only (what --gpu records outside backward()).
             from torch.autograd.profiler import profile as autograd_profile
 
             context = autograd_profile(

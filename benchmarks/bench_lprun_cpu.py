@@ -7,10 +7,12 @@ host work, as a kernel launch is. Wall µs per call, unprofiled and under:
 * ``line_profiler`` alone (``%lprun --no-sync`` without ``--gpu`` installs no hook:
   the same tracer);
 * ``torch.profiler CPU ops``: torch's profiler alone around the loop, recording the CPU
-  ops as ``--gpu`` does (no CUDA activity here: CUPTI's part is the GPU run's);
+  ops (no CUDA activity here: CUPTI's part is the GPU run's); ``--gpu`` records them
+  only inside ``backward()``, and this loop has none;
 * ``--gpu --no-sync (no profiler)``: gpumagic's boundary hook and line timeline with a
   recorder that records nothing (the hook's own cost);
-* ``--gpu --no-sync``: the hook and torch's profiler of CPU ops, as on a GPU.
+* ``--gpu --no-sync``: the hook and torch's profiler, its CPU ops switched off as
+  ``--gpu`` does outside ``backward()``, as on a GPU.
 
 The CUDA seam is pointed at the CPU (a pretend CUDA context, no synchronize, torch's
 profiler with the CPU activity only): the numbers are the host-side part of
@@ -49,6 +51,16 @@ class NoRecord:
 
     def __init__(self) -> None:
         self.marks: list[tuple[str, int]] = []
+        self.collecting = True
+
+    def collect_ops(self, on: bool) -> None:
+        self.collecting = on
+
+    def watch_backward(self, on_backward: Any) -> None:
+        pass
+
+    def unwatch_backward(self) -> None:
+        pass
 
     def mark(self, label: str) -> tuple[int, int]:
         before = time.perf_counter_ns()
@@ -87,6 +99,7 @@ def main() -> int:
         "set_sync_debug_mode": lambda mode: debug_mode.__setitem__(0, mode),
         "profiler_running": lambda: False,
         "start_kernel_trace": lambda cuda=True: recorder[0](),
+        "spin": lambda device, microseconds: None,  # the warm-up launch: no GPU here
     }
     for name, value in seam.items():
         setattr(cuda, name, value)

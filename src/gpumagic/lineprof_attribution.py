@@ -1,20 +1,23 @@
 """Each kernel, copy and memset charged to the profiled line that launched it
 (``%lprun --gpu``'s core): pure Python, no torch, no IPython.
 
-Input: the profiler's record (:class:`~gpumagic.cuda.kernel_trace.KernelTrace`: torch
-ops with their host times, device work linked to the op that launched it), the line
-timeline of each thread (:class:`~gpumagic.lineprof_timeline.LineStacks`) and the
-clock fit between the two. For each piece of device work:
+Input: the profiler's record (:class:`~gpumagic.cuda.kernel_trace.KernelTrace`: device
+work, the runtime calls that launched it, and the torch ops recorded while autograd's
+backward ran), the line timeline of each thread
+(:class:`~gpumagic.lineprof_timeline.LineStacks`) and the clock fit between the two. For
+each piece of device work:
 
-* the op that launched it gives a thread and a host time, and the timeline the stack
-  of profiled lines running then: the innermost line is charged *self*, every line of
-  the stack (each once) *inclusive*;
-* work launched inside autograd's backward node ``XBackward0`` is charged to the
-  forward line that built the node instead: torch records the forward op's sequence
-  number and thread on the node, and the forward op's host time gives its line;
-* work with no launching op (a CUDA-graph replay outside any torch op, a raw launch)
-  goes by the runtime call that launched it (its OS thread and host time); a graph
-  replay is one entry, charged to the replay line (the captured lines get nothing);
+* the runtime call that launched it (``cudaLaunchKernel``...) gives its OS thread and
+  host time, and the timeline the stack of profiled lines running then: the innermost
+  line is charged *self*, every line of the stack (each once) *inclusive*;
+* work launched inside autograd's backward node ``XBackward0`` (linked to a torch op
+  under the node) is charged to the forward line that built the node instead: torch
+  records the forward's sequence number and thread on the node, and the timeline the
+  sequence number each line boundary saw, hence the line that built it;
+* other work launched under a torch op (the seed gradient, gradient accumulation) goes
+  by the op's thread and host time: the line that called ``backward()``;
+* a graph replay is one entry, charged to the replay line (the captured lines get
+  nothing);
 * what no profiled line launched is counted apart: outside the profiled lines, on
   threads that ran none, or not linked to any launch.
 """
@@ -141,21 +144,6 @@ def _engine_nodes(ops: tuple[HostOp, ...]) -> dict[int, HostOp]:
     return found
 
 
-def _forward_ops(ops: tuple[HostOp, ...]) -> dict[tuple[int, int], HostOp]:
-    """The forward op that built each graph node, by (thread, sequence number): the
-    last one to start with that number (ops that built no node leave it unchanged, and
-    the composite op around the builder starts earlier)."""
-    found: dict[tuple[int, int], HostOp] = {}
-    for op in ops:
-        if op.seq < 0 or op.fwd_thread > 0 or op.name.startswith(ENGINE_PREFIX):
-            continue
-        key = (op.thread, op.seq)
-        known = found.get(key)
-        if known is None or op.start_ns >= known.start_ns:
-            found[key] = op
-    return found
-
-
 def attribute(  # noqa: PLR0915 (one pass over the work, every case said)
     trace: KernelTrace,
     stacks: LineStacks,
@@ -169,13 +157,14 @@ def attribute(  # noqa: PLR0915 (one pass over the work, every case said)
 
     ``threads`` maps torch's thread ids to the timeline's, ``os_threads`` the OS thread
     ids CUPTI reports for runtime calls; ``session_thread`` is the thread that ran the
-    profiled statement: autograd's engine threads work for it while it waits in
-    ``backward()``.
+    profiled statement and called ``backward()``: autograd's engine threads work for it
+    while it waits there. A backward node whose forward thread ``threads`` does not
+    know was built on the session thread when ``threads`` is empty (no mark made it
+    into the record), else on a thread of no timeline: it stays on the backward line.
     """
     result = GpuAttribution()
     ops = {op.id: op for op in trace.ops}
     engine = _engine_nodes(trace.ops)
-    forward = _forward_ops(trace.ops)
     calls = {call.correlation: call for call in trace.calls}
     graphs = {c.correlation for c in trace.calls if c.name.startswith(_GRAPH_LAUNCHES)}
     seen: set[tuple[int, int]] = set()
@@ -198,10 +187,11 @@ def attribute(  # noqa: PLR0915 (one pass over the work, every case said)
             if node is not None:
                 result.backward_ns += ns
                 if node.backward_node:
-                    built = forward.get((node.fwd_thread, node.seq))
-                    fwd_thread = threads.get(built.thread) if built is not None else None
-                    if built is not None and fwd_thread is not None:
-                        stack = stacks.at(fwd_thread, to_host(built.start_ns))
+                    fwd_thread = threads.get(node.fwd_thread)
+                    if fwd_thread is None and not threads:
+                        fwd_thread = session_thread
+                    if fwd_thread is not None:
+                        stack = stacks.built(fwd_thread, node.seq)
                         if stack:
                             result.backward_to_forward_ns += ns
                             result._charge(stack, ns, backward=True, first=first)

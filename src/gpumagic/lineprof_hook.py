@@ -3,7 +3,8 @@
 :class:`BoundaryHook` is called before line_profiler reads its clock. Once CUDA is in
 use it synchronizes every device with a context (so the line that launched the work
 waits for it), counts the synchronizing calls torch reports, reads the allocator's
-counters and, for ``--gpu``, records when each line ran (no CUDA event, no wait:
+counters and, for ``--gpu``, records when each line ran and the thread's next autograd
+sequence number then (no CUDA event, no wait:
 :mod:`gpumagic.lineprof_kernels` charges each kernel to its line after the run); it
 measures its own cost so the profiler can subtract it. :func:`statement_lines` maps
 multi-line statements to their first line. All CUDA calls go through :mod:`gpumagic.cuda`.
@@ -250,7 +251,8 @@ class BoundaryHook:
                     events = self.timeline_events
                 else:
                     events = self._timeline(kernels, tid)
-                events.append((t0, key, info.wheres.get(stmt) or info.where(stmt)))
+                where = info.wheres.get(stmt) or info.where(stmt)
+                events.append((t0, key, where, kernels.sequence_nr()))
         elif state is None:
             prior = -1
         else:
@@ -258,8 +260,9 @@ class BoundaryHook:
             closed = state.line
             info = state.info
             del self.frames[key]
-            if self.kernels is not None:
-                self._timeline(self.kernels, tid).append((t0, key, None))
+            kernels = self.kernels
+            if kernels is not None:
+                self._timeline(kernels, tid).append((t0, key, None, kernels.sequence_nr()))
         spent = self.spent.get(tid, 0)
         cost = time.perf_counter_ns() - t0 - max(0, waited - self.floor) + self.residual
         if prior >= 0:

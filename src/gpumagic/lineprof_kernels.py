@@ -2,15 +2,16 @@
 hook records which lines ran when, and after the run each kernel is charged to its line
 (:mod:`gpumagic.lineprof_attribution`). No CUDA event and no wait at any line boundary.
 
-The hook calls :meth:`KernelLines.thread_events` at every boundary (one dict look-up;
-a thread seen for the first time gets a mark in the profiler's record, which ties its
-torch thread id to it), and :meth:`KernelLines.finish` after the run. All CUDA and torch
-calls go through :mod:`gpumagic.cuda`.
+The profiler records the CUDA activity only (kernels and the runtime calls that launched
+them), and torch ops only while autograd's backward runs on the session's thread. The
+hook calls :meth:`KernelLines.thread_events` when a thread runs its first profiled line
+(one dict look-up after that), appends each boundary with the thread's next autograd
+sequence number (:attr:`KernelLines.sequence_nr`), and calls :meth:`KernelLines.finish`
+after the run. All CUDA and torch calls go through :mod:`gpumagic.cuda`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -20,11 +21,12 @@ from gpumagic.lineprof_attribution import GpuAttribution, attribute
 from gpumagic.lineprof_timeline import ClockFit, LineStacks
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Collection, Iterable
 
+    from gpumagic.cuda.kernel_trace import KernelTrace
     from gpumagic.lineprof_timeline import LineEvent, Where
 
-__all__ = ["MARK_PREFIX", "KernelLines", "TraceCost"]
+__all__ = ["MARK_PREFIX", "KernelLines", "TraceCost", "without_own_work"]
 
 #: The name of gpumagic's marks in the profiler's record.
 MARK_PREFIX = "gpumagic.lprun."
@@ -61,35 +63,50 @@ class KernelLines:
         self.marks: list[tuple[str, int, int]] = []
         self.os_threads: dict[int, int] = {}
         self.session_thread = threading.get_ident()
+        self.native_thread = threading.get_native_id()
+        #: host ns windows of our own launches on the session thread (not the user's)
+        self.own: list[tuple[int, int]] = []
+        #: the calling thread's next autograd sequence number (bound once)
+        self.sequence_nr: Callable[[], int] = cuda.sequence_counter()
         self.recorder = cuda.start_kernel_trace()
         try:
             for _ in range(_MARKS):
-                self._mark(self.session_thread)
+                self._mark()
+            self.recorder.collect_ops(False)
+            self._warm_up()
+            self.recorder.watch_backward(self._mark)
         except BaseException:
             self.recorder.stop()
             raise
         now = time.perf_counter_ns()
+        seq = self.sequence_nr()
         for thread, key, where in open_lines:
-            self.thread_events(thread).append((now, key, where))
+            self.thread_events(thread).append((now, key, where, seq))
         self.cost.start_s = time.perf_counter() - started
 
-    def _mark(self, thread: int) -> None:
-        label = f"{MARK_PREFIX}{thread}.{len(self.marks)}"
+    def _mark(self) -> None:
+        """A mark on the session thread (only while torch ops are collected): for the
+        clock fit, and to learn torch's id of the thread."""
+        label = f"{MARK_PREFIX}{self.session_thread}.{len(self.marks)}"
         before, after = self.recorder.mark(label)
         self.marks.append((label, before, after))
+
+    def _warm_up(self) -> None:
+        """One empty kernel per device, now: the first launch under a fresh CUPTI
+        session is slow (milliseconds), and the line that made it would pay. Its work
+        is left out of the figures (:func:`without_own_work`)."""
+        before = time.perf_counter_ns()
+        for device in self.devices:
+            cuda.spin(device, 0)
+        self.own.append((before, time.perf_counter_ns()))
 
     def thread_events(self, thread: int) -> list[LineEvent]:
         """The timeline of ``thread`` (the calling thread when it is new)."""
         events = self.events.get(thread)
         if events is None:
             events = self.events[thread] = []
-            # CUPTI's thread id of a runtime call: the OS's, or pthread's (maybe cut to
-            # 32 bits, signed or not), depending on the versions.
-            low = thread & 0xFFFFFFFF
-            for alias in (threading.get_native_id(), thread, low, low - (low >> 31 << 32)):
+            for alias in _aliases(threading.get_native_id(), thread):
                 self.os_threads[alias] = thread
-            with contextlib.suppress(Exception):  # unmarked, its work counts apart
-                self._mark(thread)
         return events
 
     def finish(self, *, wait: bool = True) -> GpuAttribution:
@@ -97,8 +114,10 @@ class KernelLines:
         holds all of it) and charge its record to the lines."""
         started = time.perf_counter()
         try:
+            self.recorder.unwatch_backward()
+            self.recorder.collect_ops(True)
             for _ in range(_MARKS):
-                self._mark(self.session_thread)
+                self._mark()
             if wait:
                 cuda.synchronize(self.devices)
         finally:
@@ -109,18 +128,53 @@ class KernelLines:
         found = [(b, a, at[label].start_ns) for label, b, a in self.marks if label in at]
         if not found:
             raise RuntimeError("the profiler's record holds none of gpumagic's marks")
+        clock = ClockFit.from_marks(found)
         threads = {
-            at[label].thread: int(label[len(MARK_PREFIX) :].split(".")[0])
-            for label, _, _ in self.marks
-            if label in at
+            at[label].thread: self.session_thread for label, _, _ in self.marks if label in at
         }
         result = attribute(
-            trace,
+            without_own_work(
+                trace, self.own, clock, _aliases(self.native_thread, self.session_thread)
+            ),
             LineStacks(self.events),
-            ClockFit.from_marks(found),
+            clock,
             threads=threads,
             os_threads=self.os_threads,
             session_thread=self.session_thread,
         )
         self.cost.match_s = time.perf_counter() - stopped
         return result
+
+
+def _aliases(native: int, thread: int | None = None) -> set[int]:
+    """The ids CUPTI may give a thread's runtime calls: the OS's, or pthread's (maybe cut
+    to 32 bits, signed or not), depending on the versions."""
+    found = {native}
+    if thread is not None:
+        low = thread & 0xFFFFFFFF
+        found |= {thread, low, low - (low >> 31 << 32)}
+    return found
+
+
+def without_own_work(
+    trace: KernelTrace,
+    windows: Iterable[tuple[int, int]],
+    clock: ClockFit,
+    threads: Collection[int],
+) -> KernelTrace:
+    """``trace`` less the work launched by runtime calls on ``threads`` (OS ids) within
+    ``windows`` (host ns): what gpumagic launched itself."""
+    spans = list(windows)
+    if not spans:
+        return trace
+    to_host = clock.to_host
+    own = {
+        call.correlation
+        for call in trace.calls
+        if call.thread in threads and any(lo <= to_host(call.start_ns) <= hi for lo, hi in spans)
+    }
+    if not own:
+        return trace
+    work = tuple(w for w in trace.work if w.correlation not in own)
+    calls = tuple(c for c in trace.calls if c.correlation not in own)
+    return cuda.KernelTrace(trace.ops, work, calls)

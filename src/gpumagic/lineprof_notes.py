@@ -33,8 +33,9 @@ def kernel_notes(result: LineProfileResult) -> list[str]:
     found = [
         "GPU Time: the device time CUPTI recorded for the kernels, copies and memsets "
         "launched while the line ran, on any stream, its calls to profiled functions "
-        "included (torch.profiler; each launch matched to its line after the run: no "
-        "CUDA event, no wait per line); % GPU: its share of the function's. Syncs: "
+        "included (torch.profiler; each launch matched to its line by its host thread "
+        "and time after the run: no CUDA event, no wait per line); % GPU: its share of "
+        "the function's. Syncs: "
         "synchronizing CUDA calls made on the line (torch's sync debug mode): there the "
         "host waited for the GPU."
     ]
@@ -62,9 +63,10 @@ def kernel_notes(result: LineProfileResult) -> list[str]:
     )
     found.append(
         f"--gpu: {kernels.work} kernels, copies and memsets, "
-        f"{format_time(kernels.total_ns * 1e-9)} on the GPU{spent} (torch ops run "
-        f"slower while torch.profiler records: that is in Time); {waits} after the "
-        f"run, so that the record is complete{syncs}."
+        f"{format_time(kernels.total_ns * 1e-9)} on the GPU{spent} (torch.profiler "
+        "records CUDA launches throughout and torch ops only inside backward(): what "
+        f"that slows is in Time); {waits} after the run, so that the record is "
+        f"complete{syncs}."
     )
     if kernels.graph_replays:
         found.append(

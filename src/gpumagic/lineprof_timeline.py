@@ -2,12 +2,15 @@
 timeline): pure Python, no torch, no IPython.
 
 The boundary hook appends one event per line boundary of the profiled code, on the
-thread it ran on: ``(perf_counter_ns, frame key, (label, statement line))`` when a frame
-starts a line, ``(perf_counter_ns, frame key, None)`` when it returns, yields or raises.
-:class:`LineStacks` replays them into the stack of profiled lines running from each
-event on (outermost first): the line that launched a kernel is the innermost one, and
-every line on the stack encloses it. :class:`ClockFit` maps the profiler's clock onto
-``perf_counter_ns`` from marks made on both.
+thread it ran on: ``(perf_counter_ns, frame key, (label, statement line), sequence
+number)`` when a frame starts a line, ``(perf_counter_ns, frame key, None, sequence
+number)`` when it returns, yields or raises; the sequence number is the thread's next
+autograd sequence number at that moment (the number the next graph node built on the
+thread gets). :class:`LineStacks` replays them into the stack of profiled lines running
+from each event on (outermost first), found by time (the line that launched a kernel is
+the innermost one, and every line on the stack encloses it) or by sequence number (the
+lines running when a graph node was built). :class:`ClockFit` maps the profiler's clock
+onto ``perf_counter_ns`` from marks made on both.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["ClockFit", "Label", "LineEvent", "LineStacks", "Stack", "Where"]
 
 _DRIFT_SPAN = 500_000  # ns: marks closer than twice this show no drift worth fitting
+_WIDE_MARK = 20_000  # ns: a mark's bracket this wide, and 4x the usual, is left out
 
 #: line_profiler's name of a function: (filename, first line, qualified name).
 Label = tuple[str, int, str]
@@ -29,8 +33,9 @@ Label = tuple[str, int, str]
 Where = tuple[Label, int]
 #: The profiled lines running on a thread at one time, outermost first.
 Stack = tuple[Where, ...]
-#: One line boundary, as the hook records it (``where`` None: the frame left its line).
-LineEvent = tuple[int, int, "Where | None"]
+#: One line boundary, as the hook records it: (ns, frame key, where, sequence number);
+#: ``where`` None: the frame left its line.
+LineEvent = tuple[int, int, "Where | None", int]
 
 
 class LineStacks:
@@ -38,9 +43,10 @@ class LineStacks:
 
     def __init__(self, events: Mapping[int, Iterable[LineEvent]]) -> None:
         self._times: dict[int, list[int]] = {}
+        self._seqs: dict[int, list[int]] = {}
         self._stacks: dict[int, list[Stack]] = {}
         for thread, stream in events.items():
-            self._times[thread], self._stacks[thread] = _replay(stream)
+            self._times[thread], self._seqs[thread], self._stacks[thread] = _replay(stream)
 
     @property
     def threads(self) -> tuple[int, ...]:
@@ -56,13 +62,24 @@ class LineStacks:
         index = bisect_right(times, ns) - 1
         return self._stacks[thread][index] if index >= 0 else ()
 
+    def built(self, thread: int, seq: int) -> Stack:
+        """The lines running on ``thread`` when it built the graph node numbered ``seq``:
+        those of the last boundary whose recorded number is at most ``seq`` (a thread's
+        numbers only grow); empty when the node was built before the first line."""
+        seqs = self._seqs.get(thread)
+        if not seqs:
+            return ()
+        index = bisect_right(seqs, seq) - 1
+        return self._stacks[thread][index] if index >= 0 else ()
 
-def _replay(events: Iterable[LineEvent]) -> tuple[list[int], list[Stack]]:
+
+def _replay(events: Iterable[LineEvent]) -> tuple[list[int], list[int], list[Stack]]:
     order: list[int] = []  # frame keys, outermost first
     lines: dict[int, Where] = {}
     times: list[int] = []
+    seqs: list[int] = []
     stacks: list[Stack] = []
-    for ns, key, where in events:
+    for ns, key, where, seq in events:
         if key in lines:
             # Frames above this one left without an event we saw: they are gone.
             while order[-1] != key:
@@ -78,8 +95,9 @@ def _replay(events: Iterable[LineEvent]) -> tuple[list[int], list[Stack]]:
         else:
             continue  # a frame we never saw open (it started before the record)
         times.append(ns)
+        seqs.append(seq)
         stacks.append(tuple(lines[k] for k in order))
-    return times, stacks
+    return times, seqs, stacks
 
 
 @dataclass(frozen=True)
@@ -102,7 +120,11 @@ class ClockFit:
         drift."""
         if not marks:
             raise ValueError("no marks to match the profiler's clock with")
-        ordered = sorted(marks)
+        # A mark whose host readings are far apart (the thread was descheduled, or the
+        # first record_function paid a lazy start-up) says little: leave it out.
+        widths = sorted(after - before for before, after, _ in marks)
+        limit = max(4 * widths[len(widths) // 2], _WIDE_MARK)
+        ordered = sorted(m for m in marks if m[1] - m[0] <= limit)
         middle = ordered[0][0] + (ordered[-1][1] - ordered[0][0]) / 2
         late = [m for m in ordered if m[0] > middle]
         if middle - ordered[0][0] < _DRIFT_SPAN or not late:  # too close to see drift

@@ -189,6 +189,8 @@ class FakeDevice(FakeSeam):
     recorder: FakeRecorder | None = None  # the pretend torch.profiler, while it runs
     traces: int = 0  # how often it was started
     nodes: list[tuple[int, int, float]] = field(default_factory=list)  # graph nodes built
+    seqs: dict[int, int] = field(default_factory=dict)  # each thread's next sequence number
+    spins: int = 0  # empty kernels launched by gpumagic (its warm-up)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> Any:
         self.machine = self.gpu.install(monkeypatch).machine  # its memory; our runtime
@@ -201,7 +203,13 @@ class FakeDevice(FakeSeam):
             get_sync_debug_mode=lambda: self.debug_mode,
             start_kernel_trace=self.start_kernel_trace,
             profiler_running=lambda: self.recorder is not None,
+            sequence_counter=lambda: self.sequence_nr,
+            spin=self.spin,
         )
+
+    def sequence_nr(self) -> int:
+        """The calling thread's next autograd sequence number (thread-local, as torch's)."""
+        return self.seqs.get(threading.get_ident(), 0)
 
     def start_kernel_trace(self, *, cuda: bool = True) -> FakeRecorder:
         assert self.recorder is None, "one profiler at a time"
@@ -209,36 +217,61 @@ class FakeDevice(FakeSeam):
         self.recorder = FakeRecorder(self)
         return self.recorder
 
+    def spin(self, device: int, microseconds: float) -> None:
+        """``torch.cuda._sleep``: a kernel with no torch op around it."""
+        assert device == 0
+        self.spins += 1
+        self.raw_launch(microseconds * 1e-6)
+
     def launch(self, seconds: float, *, grad: bool = False) -> None:
         """Queue ``seconds`` of GPU work; returns at once. With a profiler running, CUPTI
-        records it as one kernel of a torch op; ``grad``: the op builds a graph node whose
-        backward (:meth:`backward`) runs a kernel as long."""
+        records it as one kernel launched by a runtime call, inside a torch op while the
+        profiler collects torch ops; ``grad``: the op builds a graph node (taking the
+        thread's next sequence number) whose backward (:meth:`backward`) runs a kernel
+        as long."""
         self.free_at = max(self.free_at, time.perf_counter()) + seconds
         self.launched += seconds
-        if self.recorder is not None:
-            seq = len(self.nodes) if grad else -1
-            op = self.recorder.op("aten::fake", seq=seq)
-            self.recorder.kernel(seconds, op)
-            if grad:
-                self.nodes.append((seq, op.thread, seconds))
+        thread = threading.get_ident()
+        seq = self.sequence_nr()
+        if grad:
+            self.seqs[thread] = seq + 1
+            self.nodes.append((seq, thread, seconds))
+        recorder = self.recorder
+        if recorder is not None:
+            op = recorder.op("aten::fake", seq=seq if grad else -1) if recorder.collecting else None
+            recorder.kernel(seconds, op)
 
     def backward(self) -> None:
         """Run the backward of every graph node built so far, as autograd's engine does:
-        on its own thread, one ``evaluate_function`` per node, newest first."""
+        entered through the engine object (which ``--gpu`` watches), on a thread of its
+        own, one ``evaluate_function`` per node, newest first."""
         nodes, self.nodes = self.nodes[::-1], []
 
         def engine() -> None:
-            for seq, fwd_thread, seconds in nodes:
+            recorder = self.recorder
+            for seq, thread, seconds in nodes:
                 self.free_at = max(self.free_at, time.perf_counter()) + seconds
                 self.launched += seconds
-                if self.recorder is not None:
-                    name = "autograd::engine::evaluate_function: FakeBackward0"
-                    node = self.recorder.op(name, seq=seq, fwd_thread=fwd_thread, length=2000)
-                    self.recorder.kernel(seconds, self.recorder.op("aten::mm", within=node))
+                if recorder is None:
+                    continue
+                if not recorder.collecting:  # no torch op: only the runtime call
+                    recorder.kernel(seconds, None)
+                    continue
+                name = "autograd::engine::evaluate_function: FakeBackward0"
+                fwd_thread = recorder.thread_id(thread)
+                node = recorder.op(name, seq=seq, fwd_thread=fwd_thread, length=2000)
+                recorder.kernel(seconds, recorder.op("aten::mm", within=node))
 
-        worker = threading.Thread(target=engine)
-        worker.start()
-        worker.join()
+        def run_backward() -> None:
+            worker = threading.Thread(target=engine)
+            worker.start()
+            worker.join()
+
+        recorder = self.recorder
+        if recorder is not None and recorder.watching is not None:
+            recorder.run_backward(SimpleNamespace(run_backward=run_backward), (), {})
+        else:
+            run_backward()
 
     def graph_replay(self, seconds: float, kernels: int = 3) -> None:
         """Replay a CUDA graph of ``kernels`` kernels: one runtime call, no torch op."""
@@ -294,8 +327,11 @@ PROFILER_CLOCK_OFFSET = 1_700_000_000_000_000_000
 
 @dataclass
 class FakeRecorder:
-    """``cuda.start_kernel_trace()`` for :class:`FakeDevice`: a record of torch ops and
-    the kernels they launched, on a clock of its own, with torch's own thread ids."""
+    """``cuda.start_kernel_trace()`` for :class:`FakeDevice`: a record of the kernels and
+    the runtime calls that launched them, and of torch ops while they are collected (from
+    the start until ``collect_ops(False)``, and while a watched backward runs), on a
+    clock of its own, with torch's own thread ids. Entering the backward is the real
+    recorder's code (:meth:`cuda.KernelRecorder.run_backward`)."""
 
     device: FakeDevice
     ops: list[cuda.HostOp] = field(default_factory=list)
@@ -303,9 +339,35 @@ class FakeRecorder:
     calls: list[cuda.RuntimeCall] = field(default_factory=list)
     thread_ids: dict[int, int] = field(default_factory=dict)
     next_id: int = 1
+    collecting: bool = True
+    switches: list[bool] = field(default_factory=list)  # collect_ops' calls, in order
+    watching: Callable[[], object] | None = None
+    thread: int = field(default_factory=threading.get_ident)
+    backward_calls: int = 0
+    _depth: int = 0
+
+    run_backward = cuda.KernelRecorder.run_backward
+
+    @property
+    def _on_backward(self) -> Callable[[], object] | None:
+        return self.watching
+
+    def thread_id(self, thread: int) -> int:
+        """torch's id of the thread ``thread`` (``threading.get_ident()``)."""
+        return self.thread_ids.setdefault(thread, len(self.thread_ids) + 1)
 
     def _thread(self) -> int:
-        return self.thread_ids.setdefault(threading.get_ident(), len(self.thread_ids) + 1)
+        return self.thread_id(threading.get_ident())
+
+    def collect_ops(self, on: bool) -> None:
+        self.switches.append(on)
+        self.collecting = on
+
+    def watch_backward(self, on_backward: Callable[[], object]) -> None:
+        self.watching = on_backward
+
+    def unwatch_backward(self) -> None:
+        self.watching = None
 
     def _now(self) -> int:
         return time.perf_counter_ns() + PROFILER_CLOCK_OFFSET
@@ -352,9 +414,11 @@ class FakeRecorder:
 
     def mark(self, label: str) -> tuple[int, int]:
         before = time.perf_counter_ns()
-        self.op(label, length=100)
+        if self.collecting:  # a record_function range: a torch op like any other
+            self.op(label, length=100)
         return before, time.perf_counter_ns()
 
     def stop(self) -> cuda.KernelTrace:
+        self.unwatch_backward()
         self.device.recorder = None
         return cuda.KernelTrace(tuple(self.ops), tuple(self.work), tuple(self.calls))

@@ -1,10 +1,12 @@
 """``%lprun --gpu``'s core on synthetic traces, and on a real CPU profile of a training
-step where the ops' own CPU time stands in for kernel time (the GPU path swaps in
-CUPTI's kernel durations through the same links: ``test_lprun_kernels_gpu.py``)."""
+step (torch ops recorded only inside backward, as on a GPU) where each leaf op stands in
+for a kernel (the GPU path swaps in CUPTI's kernels and launches through the same links:
+``test_lprun_kernels_gpu.py``)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +17,12 @@ from fake_cuda import install
 from gpumagic import cuda
 from gpumagic.cuda.kernel_trace import DeviceWork, HostOp, KernelTrace, RuntimeCall
 from gpumagic.lineprof import GpuLineProfiler
-from gpumagic.lineprof_attribution import attribute
+from gpumagic.lineprof_attribution import LineGpu, attribute
 from gpumagic.lineprof_kernels import MARK_PREFIX
 from gpumagic.lineprof_timeline import ClockFit, LineStacks
 
 if TYPE_CHECKING:
-    from gpumagic.lineprof_timeline import LineEvent, Where
+    from gpumagic.lineprof_timeline import Where
 
 F: Any = ("f.py", 1, "f")  # a profiled function's label
 G: Any = ("f.py", 10, "g")
@@ -30,8 +32,9 @@ def at(label: Any, line: int) -> Where:
     return (label, line)
 
 
-def stacks(*events: LineEvent, thread: int = 7) -> LineStacks:
-    return LineStacks({thread: list(events)})
+def stacks(*events: Any, thread: int = 7) -> LineStacks:
+    """A timeline of one thread; an event without a sequence number gets 0."""
+    return LineStacks({thread: [(*e, 0) if len(e) == 3 else e for e in events]})
 
 
 def charge(trace: KernelTrace, timeline: LineStacks, **more: Any) -> Any:
@@ -109,6 +112,20 @@ def test_clock_fit_follows_drift_between_the_start_and_the_end() -> None:
     assert fit.slope == pytest.approx(5e-6, rel=0.2)
 
 
+def test_clock_fit_leaves_out_a_mark_that_took_long() -> None:
+    # The first mark paid a lazy start-up (1 ms between its host readings): with it the
+    # start's offset would be known to a millisecond and the drift would be nonsense.
+    start = [
+        (0, 1_000_000, 1_000_700),
+        *((x, x + 4, x + 1002) for x in range(1_000_010, 1_000_100, 10)),
+    ]
+    end = [(x, x + 4, x + 1002) for x in range(9_000_000, 9_000_100, 10)]
+    fit = ClockFit.from_marks(start + end)
+    assert fit.error_ns <= 4
+    assert fit.slope == pytest.approx(0, abs=1e-6)
+    assert fit.to_host(5_001_000) == pytest.approx(4_999_998, abs=4)
+
+
 def test_clock_fit_takes_the_tightest_mark_when_brackets_disagree() -> None:
     fit = ClockFit.from_marks([(0, 2, 1001), (100, 400, 1390)])  # the second was descheduled
     assert fit.offset == pytest.approx(1000, abs=1)
@@ -133,41 +150,92 @@ def test_self_goes_to_the_innermost_line_inclusive_to_each_line_once() -> None:
     assert found.charged_ns == found.total_ns == 12
 
 
-def test_backward_goes_to_the_last_forward_op_with_its_sequence_number() -> None:
-    timeline = stacks((100, 1, at(F, 2)), (200, 1, at(F, 3)), (300, 1, at(F, 4)), (400, 1, None))
-    trace = KernelTrace(
-        ops=(
-            op(1, 110, 120, seq=5, name="aten::t"),  # line 2 peeked 5 but built no node
-            op(2, 210, 250, seq=5, name="aten::linear"),  # line 3 built node 5...
-            op(3, 211, 240, seq=5, name="aten::t"),  # ...in this op, inside the composite
-            # line 4: backward() on the engine's thread (torch thread 2)
-            op(
-                4,
-                310,
-                335,
-                seq=5,
-                fwd_thread=1,
-                thread=2,
-                name="autograd::engine::evaluate_function: TBackward0",
-            ),
-            op(5, 320, 330, thread=2, name="aten::transpose"),
-            op(
-                6,
-                340,
-                350,
-                thread=2,
-                name="autograd::engine::evaluate_function: torch::autograd::AccumulateGrad",
-            ),
-            op(7, 341, 349, thread=2, name="aten::add_"),
-        ),
-        work=(kernel(9, 5), kernel(4, 7)),
+def test_stacks_by_sequence_number_are_those_of_the_line_that_built_the_node() -> None:
+    # Each boundary records the thread's next sequence number: f's line 2 built nodes
+    # 5 and 6, its call of g built 7 (in g's line 11), line 3 built none, line 4 node 8.
+    timeline = stacks(
+        (100, 1, at(F, 2), 5),
+        (200, 2, at(G, 11), 7),
+        (300, 2, None, 8),
+        (400, 1, at(F, 3), 8),
+        (500, 1, at(F, 4), 8),
+        (600, 1, None, 9),
     )
+    assert timeline.built(7, 4) == ()  # built before the first line
+    assert timeline.built(7, 5) == timeline.built(7, 6) == (at(F, 2),)
+    assert timeline.built(7, 7) == (at(F, 2), at(G, 11))
+    assert timeline.built(7, 8) == (at(F, 4),)  # line 3 built nothing: the last one did
+    assert timeline.built(8, 5) == ()  # another thread
+
+
+def backward_trace(*nodes: tuple[int, int, int], fwd_thread: int = 1) -> KernelTrace:
+    """Backward nodes ``(seq, kernel ns, start)`` run on the engine's thread (torch
+    thread 2), each launching one kernel from an op inside it; then the gradient of a
+    leaf accumulated (no forward node)."""
+    ops: list[HostOp] = []
+    work: list[DeviceWork] = []
+    for index, (seq, ns, start) in enumerate(nodes):
+        node, inner = 10 * index + 1, 10 * index + 2
+        name = "autograd::engine::evaluate_function: MmBackward0"
+        ops.append(op(node, start, start + 9, seq=seq, fwd_thread=fwd_thread, thread=2, name=name))
+        ops.append(op(inner, start + 1, start + 8, thread=2))
+        work.append(kernel(ns, inner))
+    name = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    ops.append(op(900, 390, 399, thread=2, name=name))
+    ops.append(op(901, 391, 398, thread=2, name="aten::add_"))
+    work.append(kernel(4, 901))
+    return KernelTrace(ops=tuple(ops), work=tuple(work))
+
+
+def test_backward_goes_to_the_forward_line_whose_sequence_range_holds_the_node() -> None:
+    timeline = stacks(
+        (100, 1, at(F, 2), 5),  # line 2 built node 5
+        (200, 1, at(F, 3), 6),  # line 3 built nodes 6 and 7
+        (300, 1, at(F, 4), 8),  # line 4: backward(), on the engine's thread
+        (400, 1, None, 8),
+    )
+    trace = backward_trace((7, 9, 310), (6, 3, 330), (5, 2, 350))
     found = charge(trace, timeline)
-    assert found.lines[F][3].backward_self_ns == 9
-    assert 2 not in found.lines[F]
+    assert (found.lines[F][3].backward_self_ns, found.lines[F][3].total_ns) == (12, 12)
+    assert found.lines[F][2].backward_total_ns == 2
     # Accumulating a gradient built no forward node: it stays on the backward() line.
     assert (found.lines[F][4].total_ns, found.lines[F][4].backward_total_ns) == (4, 0)
-    assert (found.backward_ns, found.backward_to_forward_ns) == (13, 9)
+    assert (found.backward_ns, found.backward_to_forward_ns) == (18, 14)
+
+
+def test_a_backward_node_of_an_unknown_forward_thread() -> None:
+    timeline = stacks((100, 1, at(F, 2), 5), (300, 1, at(F, 4), 6), (400, 1, None, 6))
+    trace = backward_trace((5, 9, 310), fwd_thread=3)  # forward on a thread never marked
+    found = charge(trace, timeline)
+    assert found.lines[F][4].total_ns == 13  # not guessed: where backward() was called
+    assert found.backward_to_forward_ns == 0
+    # No mark made it into the record at all: the node was built on the session thread.
+    found = charge(trace, timeline, threads={})
+    assert found.lines[F][2].backward_self_ns == 9
+
+
+def test_forward_kernels_go_by_their_launch_self_and_inclusive() -> None:
+    # No torch op is recorded in the forward: each kernel's cudaLaunchKernel names the
+    # OS thread (4242) and its host time. f's line 2 calls g (lines 11, 12).
+    timeline = stacks(
+        (100, 1, at(F, 2)),
+        (200, 2, at(G, 11)),
+        (300, 2, at(G, 12)),
+        (400, 2, None),
+        (500, 1, at(F, 3)),
+        (600, 1, None),
+    )
+    launches = {61: 150, 62: 250, 63: 350, 64: 450, 65: 550, 66: 650}
+    trace = KernelTrace(
+        work=tuple(DeviceWork("kernel", "k", c - 60, 0, c) for c in launches),
+        calls=tuple(RuntimeCall(c, "cudaLaunchKernel", 4242, t) for c, t in launches.items()),
+    )
+    found = charge(trace, timeline, os_threads={4242: 7})
+    f2, g11, g12, f3 = found.lines[F][2], found.lines[G][11], found.lines[G][12], found.lines[F][3]
+    assert (f2.self_ns, f2.total_ns, f2.launches) == (1 + 4, 1 + 2 + 3 + 4, 2)
+    assert (g11.self_ns, g12.self_ns, f3.self_ns) == (2, 3, 5)
+    assert f2.total_ns == f2.self_ns + g11.total_ns + g12.total_ns  # inclusive adds up
+    assert (found.outside_ns, found.charged_ns, found.total_ns) == (6, 15, 21)
 
 
 def test_launches_without_an_op_go_by_their_runtime_call() -> None:
@@ -235,7 +303,7 @@ def test_sessions_add_up() -> None:
 def test_kineto_events_become_plain_records() -> None:
     device_type = SimpleNamespace(CPU="cpu", CUDA="cuda")
 
-    def event(name: str, kind: str | None, device: str = "cpu", **more: Any) -> Any:
+    def event(name: str, kind: str | int | None, device: str = "cpu", **more: Any) -> Any:
         fields = {
             "name": name,
             "device_type": device,
@@ -265,14 +333,26 @@ def test_kineto_events_become_plain_records() -> None:
             event("Memset (Device)", None, "cuda"),  # an older torch: no activity type
             event("cudaMemsetAsync", None),
             event("aten::add", None),
+            # torch 2.11: a record_function range, and its span on the device over the
+            # kernels launched in it: neither is device work of its own.
+            event("Optimizer.step#SGD.step", None, "cuda", is_user_annotation=True),
+            event("Optimizer.step#SGD.step", None, is_user_annotation=True),
+            event("sm90_gemm", None, "cuda", is_user_annotation=False),
+            event("elementwise_kernel", 5, "cuda"),  # a build that gives Kineto's number
         ],
         device_type,
     )
-    assert [o.name for o in trace.ops] == ["aten::mm", "aten::add"]
+    assert [o.name for o in trace.ops] == [
+        "aten::mm",
+        "aten::add",
+        "Optimizer.step#SGD.step",
+    ]
     assert [(w.kind, w.op, w.stream) for w in trace.work] == [
         ("kernel", 1, 7),
         ("memcpy", 1, 7),
         ("memset", 1, 7),
+        ("kernel", 1, 7),
+        ("kernel", 1, 7),
     ]
     assert [c.name for c in trace.calls] == ["cudaLaunchKernel", "cudaMemsetAsync"]
     # A runtime call's thread is Kineto's resource id (the caller's), not the op's one.
@@ -312,17 +392,59 @@ NO_KERNEL = {
 }
 
 
+KERNEL_NS = 1000  # each stand-in kernel's time: the figures count kernels
+#: torch functions the stand-in's mode sees that launch no kernel of their own
+NO_LAUNCH = {"__get__", "__set__", "backward", "_set_grad_enabled"}
+
+
 class StandInRecorder:
-    """The real profiler (CPU activity only); on stop, every leaf torch op becomes the
-    "kernel" it would have launched, its CPU time standing in for the kernel's."""
+    """The real recorder (CPU activity only: torch ops collected at the start, at the end
+    and while backward runs); its stop turns every leaf torch op into the "kernel" it
+    would have launched, of 1 µs each: linked to the op where the profiler recorded
+    one, else (the forward, with torch ops not collected) to a runtime call on the
+    launching thread at the call's start, as CUPTI records one (a torch function mode
+    stands in for CUPTI there: one launch per torch call)."""
 
     def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode  # a dispatch mode imports dynamo
+
         self.real = cuda.kernel_trace.KernelRecorder(cuda=False)
+        self.launches: list[tuple[str, int, int]] = []  # name, OS thread, start
+        self.marks: list[tuple[str, int, int]] = []
+        recorder = self
+
+        class Launches(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                start = time.perf_counter_ns()
+                out = func(*args, **(kwargs or {}))
+                name = getattr(func, "__name__", "")
+                if not recorder.real.collecting and out is not None and name not in NO_LAUNCH:
+                    recorder.launches.append((name, threading.get_native_id(), start))
+                return out
+
+        self.mode = Launches()
+        self.mode.__enter__()
+
+    @property
+    def collecting(self) -> bool:
+        return self.real.collecting
+
+    def collect_ops(self, on: bool) -> None:
+        self.real.collect_ops(on)
+
+    def watch_backward(self, on_backward: Any) -> None:
+        self.real.watch_backward(on_backward)
+
+    def unwatch_backward(self) -> None:
+        self.real.unwatch_backward()
 
     def mark(self, label: str) -> tuple[int, int]:
-        return self.real.mark(label)
+        before, after = self.real.mark(label)
+        self.marks.append((label, before, after))
+        return before, after
 
     def stop(self) -> KernelTrace:
+        self.mode.__exit__(None, None, None)
         trace = self.real.stop()
         ops = [o for o in trace.ops if not o.name.startswith(MARK_PREFIX)]
         parents = {
@@ -334,23 +456,34 @@ class StandInRecorder:
             and outer.start_ns <= inner.start_ns
             and inner.end_ns <= outer.end_ns
         }
-        work = tuple(
-            DeviceWork("kernel", o.name, o.end_ns - o.start_ns, o.id, 0)
+        work = [
+            DeviceWork("kernel", o.name, KERNEL_NS, o.id, 0)
             for o in ops
-            if o.id not in parents and o.name not in NO_KERNEL
-        )
-        return KernelTrace(trace.ops, work, ())
+            if o.id not in parents and o.name not in NO_KERNEL | {"PythonDispatchMode"}
+        ]
+        # The profiler's clock against perf_counter_ns, from the marks it recorded.
+        at = {o.name: o.start_ns for o in trace.ops}
+        clock = ClockFit.from_marks([(b, a, at[label]) for label, b, a in self.marks])
+        calls = []
+        for index, (name, thread, start) in enumerate(self.launches):
+            correlation = 100_000 + index
+            profiler_ns = round(start + clock.offset + clock.slope * (start - clock.host_ns))
+            calls.append(RuntimeCall(correlation, "cudaLaunchKernel", thread, profiler_ns))
+            work.append(DeviceWork("kernel", name, KERNEL_NS, 0, correlation))
+        return KernelTrace(trace.ops, tuple(work), tuple(calls))
 
 
 def test_backward_time_of_a_real_training_step_goes_to_its_forward_lines(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch = pytest.importorskip("torch")
+    counter = cuda.sequence_counter
     FakeDevice().install(monkeypatch)  # a CUDA context as far as %lprun can tell
     install(
         monkeypatch,
         start_kernel_trace=lambda cuda=True: StandInRecorder(),
         profiler_running=lambda: False,
+        sequence_counter=counter,  # torch's own: the graph nodes are real
     )
     torch.manual_seed(0)
     fc1, fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)
@@ -378,9 +511,12 @@ def test_backward_time_of_a_real_training_step_goes_to_its_forward_lines(
     }
     for forward in (2, 3, 4, 5):  # fc1, relu, fc2, the loss: each built nodes
         assert lines[forward].backward_total_ns > 0, forward
+        # ...and launched its own forward work, found by its launch (no torch op).
+        assert lines[forward].total_ns > lines[forward].backward_total_ns, forward
     assert found.backward_to_forward_ns >= 0.9 * found.backward_ns > 0
     # backward() keeps what built no forward node (the seed gradient).
-    assert lines[6].total_ns - lines[6].backward_total_ns < 0.1 * found.backward_ns
+    kept = lines.get(6, LineGpu())
+    assert kept.total_ns - kept.backward_total_ns < 0.1 * found.backward_ns
     assert lines[7].total_ns > 0  # the optimizer's step: its own work
     assert lines[7].backward_total_ns == 0
     assert found.charged_ns + found.outside_ns + found.other_threads_ns == found.total_ns

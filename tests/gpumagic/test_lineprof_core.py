@@ -194,6 +194,41 @@ def test_backward_work_is_charged_to_the_forward_lines(dev: FakeDevice) -> None:
     assert "Bwd" in render_text(result)
 
 
+def test_torch_ops_are_recorded_only_while_backward_runs(dev: FakeDevice) -> None:
+    started: list[Any] = []
+    start = dev.start_kernel_trace
+
+    def keep(*, cuda: bool = True) -> Any:
+        started.append(start(cuda=cuda))
+        return started[-1]
+
+    def train(dev: FakeDevice) -> None:
+        dev.launch(0.004, grad=True)
+        dev.backward()
+        dev.launch(0.001, grad=True)
+        dev.backward()
+
+    with pytest.MonkeyPatch.context() as patch:
+        install(patch, start_kernel_trace=keep)
+        result = profile(train, dev, sync=False, gpu=True).result()
+    (recorder,) = started
+    # Off once the start's marks are made; on for each backward() and off after; on for
+    # the end's marks.
+    assert recorder.switches == [False, True, False, True, False, True]
+    assert recorder.backward_calls == 2
+    assert recorder.watching is None  # autograd's engine is its own again
+    forward_ops = [op for op in recorder.ops if op.name == "aten::fake"]
+    assert forward_ops == []  # the forward's kernels came by their runtime calls only
+    lines = gpu_lines(result, train)
+    assert (lines[1].total_ns, lines[1].backward_total_ns) == (8_000_000, 4_000_000)
+    assert (lines[3].total_ns, lines[3].backward_total_ns) == (2_000_000, 1_000_000)
+    assert 2 not in lines
+    # gpumagic's own warm-up launch (one per session) is in no figure.
+    assert dev.spins == 1
+    assert result.kernels.work == 4
+    assert result.kernels.charged_ns == result.kernels.total_ns == 10_000_000
+
+
 def test_graph_replay_is_one_launch_of_the_replay_line(dev: FakeDevice) -> None:
     def replay(dev: FakeDevice) -> None:
         dev.launch(0.001)

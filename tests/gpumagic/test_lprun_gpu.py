@@ -274,6 +274,7 @@ def test_nothing_stays_installed(gpu: InteractiveShell) -> None:
             "showwarning": warnings.showwarning,
             "sync_debug": torch.cuda.get_sync_debug_mode(),
             "profiler": torch._C._autograd._profiler_enabled(),  # --gpu's torch.profiler
+            "engine": torch.autograd.variable.Variable._execution_engine,  # --gpu watched it
         }
 
     step = gpu.user_ns["step"]

@@ -159,17 +159,24 @@ torch.cuda.synchronize()
 
 @pytest.mark.parametrize("sync", [True, False])
 def test_training_step_backward_goes_to_the_forward_lines(
-    shell: InteractiveShell, sync: bool
+    shell: InteractiveShell, sync: bool, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    import torch
+
     assert shell.run_cell(TRAIN).success
     step = shell.user_ns["train_step"]
     data, target = shell.user_ns["data"], shell.user_ns["target"]
     reference = cupti_ms(lambda: step(data, target))
+    engine = torch.autograd.variable.Variable._execution_engine
+    capfd.readouterr()
     prof = GpuLineProfiler(sync=sync, gpu=True)
     prof.add_target(step)
     with prof.session():
         step(data, target)
     result = prof.result()
+    assert torch.autograd.variable.Variable._execution_engine is engine  # put back
+    # torch's warning at each switch of its CPU activity is kept off stderr.
+    assert "Toggling" not in capfd.readouterr().err
     found = result.kernels
     assert found is not None, result.kernels_failure
     assert found.backward_ns > 0
@@ -185,3 +192,36 @@ def test_training_step_backward_goes_to_the_forward_lines(
     assert lines[9].total_ns > 0  # the optimizer's step is its own line's
     if not sync:
         assert result.syncs == 0
+
+
+def test_a_forward_is_recorded_by_its_launches_with_no_torch_op(gpu: InteractiveShell) -> None:
+    """The seam's recorder on CUPTI: with torch ops switched off, a matmul leaves its
+    kernel and the runtime call that launched it (named by this OS thread), no op; a
+    record_function range around a kernel is no device work of its own."""
+    import threading
+
+    import torch
+
+    x, w = gpu.user_ns["x"], gpu.user_ns["w"]
+    recorder = cuda.start_kernel_trace()
+    try:
+        recorder.mark("on")
+        with torch.autograd.profiler.record_function("a range"):
+            x @ w
+        recorder.collect_ops(False)
+        x @ w
+        recorder.collect_ops(True)
+    finally:
+        trace = recorder.stop()
+    names = [op.name for op in trace.ops]
+    assert names.count("aten::mm") == 1  # the first matmul's; the second has none
+    assert "a range" in names
+    # The range's span on the device (Kineto's gpu_user_annotation) is not a kernel.
+    assert "a range" not in [work.name for work in trace.work]
+    kernels = [work for work in trace.work if work.kind == "kernel"]
+    calls = {call.correlation: call for call in trace.calls}
+    launches = [calls[work.correlation] for work in kernels]
+    assert {call.thread for call in launches} == {threading.get_native_id()}
+    ops = {op.id for op in trace.ops}
+    linked = [work for work in kernels if work.op in ops]
+    assert len(linked) * 2 == len(kernels) > 0  # the first matmul's, not the second's

@@ -17,8 +17,8 @@ touched and tests can swap it in one place:
 * :mod:`~gpumagic.cuda.debug`: sync-debug modes, hidden syncs, the CUPTI kernel profile,
   asynchronous CUDA errors;
 * :mod:`~gpumagic.cuda.kernel_trace`: torch.profiler's record of the kernels, copies
-  and memsets a stretch of code ran and the torch ops that launched them, as plain
-  records (``%lprun --gpu``);
+  and memsets a stretch of code ran and the runtime calls that launched them (torch ops
+  only while autograd's backward runs), as plain records (``%lprun --gpu``);
 * :mod:`~gpumagic.cuda.op_counts`: the FLOPs (torch's ``FlopCounterMode``) and bytes
   of one call, for ``%cudatime``'s roofline; torch, but no CUDA API;
 * :mod:`~gpumagic.cuda.process_group`: ``torch.distributed``'s rendezvous and process
@@ -98,6 +98,7 @@ from gpumagic.cuda.kernel_trace import (
     KernelTrace,
     RuntimeCall,
     profiler_running,
+    sequence_counter,
     start_kernel_trace,
 )
 from gpumagic.cuda.objects import (
@@ -222,6 +223,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "reset_status_cache",
     "restore_streams",
+    "sequence_counter",
     "set_sync_debug_mode",
     "sm_clock",
     "spin",
