@@ -26,6 +26,7 @@ __all__ = [
     "MARKER",
     "REPORT_LEAKS",
     "REPORT_PEAK",
+    "RERUN_OUT_ENV",
     "VERDICTS",
     "LeakReport",
     "json_report",
@@ -42,6 +43,9 @@ LIMIT_MARKER = "cuda_limit_memory"
 #: Attributes on teardown reports (plain data, so they cross from xdist workers).
 REPORT_LEAKS = "cuda_leaks"
 REPORT_PEAK = "cuda_peak"
+#: Where a re-run child (:mod:`pytest_cuda.leaks.rerun`) writes its reports,
+#: ``{nodeid: LeakReport.to_dict()}``, for the process that re-ran it.
+RERUN_OUT_ENV = "PYTEST_CUDA_LEAK_RERUN_OUT"
 #: A check's verdicts, the best first.
 VERDICTS = ("clean", "kept", "warned", "leaked")
 
