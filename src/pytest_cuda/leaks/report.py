@@ -11,7 +11,7 @@ terminal summary. A leaf module: every side imports it, never each other for it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -159,14 +159,20 @@ class LeakReport:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (JSON, execnet): every field by name."""
-        return asdict(self)
+        """Plain data (JSON, execnet): every field by name. Its values are plain already
+        (strings, numbers, tuples of them): taken as they are, where
+        :func:`dataclasses.asdict` copied them deeply (70 µs a test)."""
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeakReport:
         """The report :meth:`to_dict` gave (lists read back as tuples; fields it does not
         carry take their defaults, keys it does not know are ignored)."""
         return cls(**{f.name: _tuples(data[f.name]) for f in fields(cls) if f.name in data})
+
+
+#: The fields :meth:`LeakReport.to_dict` carries, in order.
+_FIELDS = tuple(f.name for f in fields(LeakReport))
 
 
 def _tuples(value: Any) -> Any:
