@@ -35,7 +35,7 @@ import pytest
 
 from gpumagic import cuda
 from pytest_cuda.leaks.limit_watch import LimitWatch
-from pytest_cuda.leaks.stacks import StackRecording
+from pytest_cuda.leaks.recording import StackRecording
 
 TESTS = 300
 

@@ -117,13 +117,23 @@ class Block:
     private_pool: bool = False
 
 
-def frames_from_snapshot(frames: Iterable[Mapping[str, Any]]) -> tuple[Frame, ...]:
+def frames_from_snapshot(
+    frames: Iterable[Mapping[str, Any]], known: dict[tuple[Any, Any, Any], Frame] | None = None
+) -> tuple[Frame, ...]:
     """The frames of one stack as ``torch.cuda.memory._snapshot()`` gives them (a block's
-    or an allocator event's ``frames``), innermost first."""
-    return tuple(
-        Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
-        for f in frames
-    )
+    or an allocator event's ``frames``), innermost first. ``known``: the frames made so
+    far from the same snapshot, reused (the blocks of one test share most of their
+    frames: a snapshot's thousands of stacks cost one :class:`Frame` per distinct one)."""
+    if known is None:
+        known = {}
+    found = []
+    for f in frames:
+        key = (f.get("filename", "?"), f.get("line", 0), f.get("name", "?"))
+        frame = known.get(key)
+        if frame is None:
+            frame = known[key] = Frame(str(key[0]), int(key[1]), str(key[2]))
+        found.append(frame)
+    return tuple(found)
 
 
 def blocks_from_segments(
@@ -131,8 +141,9 @@ def blocks_from_segments(
 ) -> list[Block]:
     """The allocated blocks of a ``torch.cuda.memory._snapshot()``'s ``segments``
     (on ``devices`` only, when given)."""
+    known: dict[tuple[Any, Any, Any], Frame] = {}
     return [
-        _block(device, block, private)
+        _block(device, block, private, known)
         for device, block, private in _allocated(segments)
         if devices is None or device in devices
     ]
@@ -152,14 +163,19 @@ def _allocated(
                 yield device, block, private
 
 
-def _block(device: int, block: Mapping[str, Any], private: bool) -> Block:
+def _block(
+    device: int,
+    block: Mapping[str, Any],
+    private: bool,
+    known: dict[tuple[Any, Any, Any], Frame] | None = None,
+) -> Block:
     size = int(block.get("size", 0))
     return Block(
         device,
         int(block.get("address", 0)),
         size,
         int(block.get("requested_size", size)),
-        frames_from_snapshot(block.get("frames") or ()),
+        frames_from_snapshot(block.get("frames") or (), known),
         private,
     )
 
@@ -177,40 +193,68 @@ def blocks_allocated_since(
     events): then its stack decides, and it counts as new when the stack passes
     through ``outermost`` (``(filename, function)`` of the test function).
     """
-    allocated: set[tuple[int, int]] = set()
+    allocated: dict[int, set[int]] = {}
     complete: dict[int, bool] = {}
     for device, events in enumerate(snapshot.get("device_traces") or ()):
-        # Oldest first: read from the newest back to the first one before the start
-        # (the whole ring took about 60 ms of a leaking test's teardown).
-        complete[device] = False
-        for event in reversed(events):
-            time_us = int(event.get("time_us", 0))
-            if time_us <= start_us:
-                complete[device] = True
-                if time_us < start_us:
-                    break
-            if event.get("action") == "alloc":
-                allocated.add((device, int(event.get("addr", -1))))
+        complete[device], allocated[device] = _allocated_since(events, start_us)
     found = []
+    known: dict[tuple[Any, Any, Any], Frame] = {}
+    through = _Outermost(outermost)
     for device, block, private in _allocated(snapshot.get("segments") or ()):
-        if (device, int(block.get("address", 0))) in allocated:
-            found.append(_block(device, block, private))
-        elif not complete.get(device, False):
+        if int(block.get("address", 0)) in allocated.get(device, ()) or (
             # No event since the start, and the ring lost events since then: the
             # stack decides.
-            new = _block(device, block, private)
-            if _passes_through(new.frames, outermost):
-                found.append(new)
+            not complete.get(device, False) and through.in_snapshot(block.get("frames") or ())
+        ):
+            found.append(_block(device, block, private, known))
     return found
 
 
-def _passes_through(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> bool:
-    return outermost is not None and any(_is_frame(f, outermost) for f in frames)
+def _allocated_since(events: list[Mapping[str, Any]], start_us: int) -> tuple[bool, set[int]]:
+    """Whether the ring ``events`` (oldest first) reaches back to ``start_us``, and the
+    addresses it saw allocated since then. Read from the newest back to the first one
+    before the start (the whole ring took about 60 ms of a leaking test's teardown);
+    one test's tens of thousands of events are a loop of a few lines per event."""
+    complete = False
+    addresses: set[int] = set()
+    add = addresses.add
+    for event in reversed(events):
+        time_us = event.get("time_us", 0)
+        if time_us <= start_us:
+            complete = True
+            if time_us < start_us:
+                break
+        if event.get("action") == "alloc":
+            add(int(event.get("addr", -1)))
+    return complete, addresses
 
 
-def _is_frame(frame: Frame, where: tuple[str, str]) -> bool:
-    filename, name = where
-    return frame.name == name and _as_dir(frame.filename) == _as_dir(filename)
+class _Outermost:
+    """The frame a stack is cut at, ``(filename, function)`` (the test function): the
+    function's name is compared first, a file's path (normalised once) only on a match."""
+
+    def __init__(self, where: tuple[str, str] | None) -> None:
+        self.where = where
+        self._same: dict[str, bool] = {}
+
+    def is_it(self, filename: str, name: str) -> bool:
+        if self.where is None or name != self.where[1]:
+            return False
+        same = self._same.get(filename)
+        if same is None:
+            same = self._same[filename] = _as_dir(filename) == _as_dir(self.where[0])
+        return same
+
+    def in_snapshot(self, frames: Iterable[Mapping[str, Any]]) -> bool:
+        """A stack as the snapshot gives it passes through it."""
+        return any(self.is_it(str(f.get("filename", "?")), str(f.get("name", "?"))) for f in frames)
+
+    def cut(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """``frames`` up to it (all of them when it is not among them)."""
+        for i, frame in enumerate(frames):
+            if self.is_it(frame.filename, frame.name):
+                return frames[: i + 1]
+        return frames
 
 
 def _as_dir(path: str) -> str:
@@ -248,6 +292,8 @@ class FrameFilter:
     def __init__(self, library_dirs: Iterable[str], stdlib_dirs: Iterable[str] = ()) -> None:
         self._library = tuple(_as_dir(d) for d in library_dirs if d)
         self._stdlib = tuple(_as_dir(d) for d in stdlib_dirs if d)
+        # A report asks about the same few files for thousands of frames.
+        self._file_kinds: dict[str, str] = {}
 
     @classmethod
     def default(cls, extra_dirs: Iterable[str] = ()) -> FrameFilter:
@@ -264,6 +310,12 @@ class FrameFilter:
 
     def kind_of_file(self, filename: str) -> str:
         """:data:`USER`, :data:`INSTALLED` or :data:`LIBRARY`, for a frame's file."""
+        kind = self._file_kinds.get(filename)
+        if kind is None:
+            kind = self._file_kinds[filename] = self._kind_of_file(filename)
+        return kind
+
+    def _kind_of_file(self, filename: str) -> str:
         if filename.startswith(("<frozen", "<eval_with_key")):
             return LIBRARY
         if not filename.startswith("<") and not filename.endswith((".py", ".pyw", ".ipy")):
@@ -322,15 +374,6 @@ class StackGroup:
         return text
 
 
-def _cut(frames: tuple[Frame, ...], outermost: tuple[str, str] | None) -> tuple[Frame, ...]:
-    if outermost is None:
-        return frames
-    for i, frame in enumerate(frames):
-        if _is_frame(frame, outermost):
-            return frames[: i + 1]
-    return frames
-
-
 def group_by_stack(
     blocks: Iterable[Block],
     is_user: Callable[[str], bool],
@@ -345,8 +388,9 @@ def group_by_stack(
     frames, so the report still says something.
     """
     groups: dict[tuple[Frame, ...], list[Block]] = {}
+    cut = _Outermost(outermost).cut
     for block in blocks:
-        stack = _cut(block.frames, outermost)
+        stack = cut(block.frames)
         user = tuple(f for f in stack if is_user(f.filename)) or stack[:3]
         groups.setdefault(user[:max_frames], []).append(block)
     result = [

@@ -8,7 +8,12 @@ process, so what the outer session imported (torch) does not count.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 PER_TEST_PLUGINS = (
     "cuda.setup",
@@ -242,3 +247,54 @@ def test_the_watch_leaves_sys_meta_path_as_it_was(pytester: pytest.Pytester) -> 
     )
     result = pytester.runpytest_subprocess("-s")
     result.stdout.fnmatch_lines(["SAME META PATH True"])
+
+
+#: What only a leak needs: its attribution, the holder walk, the report of a re-run.
+LEAK_ONLY = (
+    "gpumagic.stacks",
+    "pytest_cuda.leaks.stacks",
+    "pytest_cuda.leaks.blocks",
+    "pytest_cuda.leaks.walk.holders",
+    "pytest_cuda.leaks.rerun",
+    "pytest_cuda.child",
+)
+
+IMPORTS_AT_TEARDOWN = f"""
+import sys
+
+LEAK_ONLY = {LEAK_ONLY!r}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        imported = sorted(name for name in LEAK_ONLY if name in sys.modules)
+        print("\\nAFTER", report.nodeid.rpartition("::")[2], imported)
+"""
+
+
+def test_what_only_a_leak_needs_is_imported_at_the_first_leak(
+    pytester: pytest.Pytester, planted: Callable[[str], None]
+) -> None:
+    planted(
+        """
+        KEEP = []
+
+        def test_clean(fake_cuda):
+            x = fake_cuda.tensor(1 << 20)
+            del x
+
+        def test_leak(fake_cuda):
+            KEEP.append(fake_cuda.tensor(8 << 20))
+        """
+    )
+    pytester.makepyfile(imports_at_teardown=IMPORTS_AT_TEARDOWN)
+    result = pytester.runpytest_subprocess(
+        "-s", "-p", "imports_at_teardown", "--cuda-leak-check", "-p", "no:cacheprovider"
+    )
+    assert result.parseoutcomes() == {"passed": 2, "leaked": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "AFTER test_clean [[][]]",
+            "AFTER test_leak [[]'gpumagic.stacks', *'pytest_cuda.leaks.walk.holders'[]]",
+        ]
+    )

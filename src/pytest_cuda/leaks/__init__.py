@@ -8,9 +8,10 @@
 * :mod:`~pytest_cuda.leaks.block`: ``no_cuda_leak``, a block of code checked;
 * :mod:`~pytest_cuda.leaks.report`: what a check leaves on a test's report, as plain
   data that crosses from xdist workers and rank processes;
-* :mod:`~pytest_cuda.leaks.stacks`, :mod:`~pytest_cuda.leaks.blocks`,
-  :mod:`~pytest_cuda.leaks.heap`: allocation stacks, the allocator's blocks, the
-  checked code's part of the heap;
+* :mod:`~pytest_cuda.leaks.recording`, :mod:`~pytest_cuda.leaks.heap`: allocation-stack
+  recording, the checked code's part of the heap;
+* :mod:`~pytest_cuda.leaks.stacks`, :mod:`~pytest_cuda.leaks.blocks`: a leak's
+  allocating stacks and its blocks' holders (imported at the first leak);
 * :mod:`~pytest_cuda.leaks.walk`: who holds a leaked tensor;
 * :mod:`~pytest_cuda.leaks.plugin`, :mod:`~pytest_cuda.leaks.checker`,
   :mod:`~pytest_cuda.leaks.remains`, :mod:`~pytest_cuda.leaks.peaks` and

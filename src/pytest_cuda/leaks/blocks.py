@@ -7,6 +7,7 @@ Pure Python over the blocks and objects it is given: no torch import, no CUDA ca
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -54,9 +55,12 @@ def find_block_holders(
     state. The rest comes last, as held on the C++ side (:data:`UNSHOWN`).
     ``budget_s``, ``frozen_before``, ``thaw``, ``frames``: see :func:`find_leak_holders`.
     """
+    # Per device, the blocks by address (the allocator's blocks never overlap): a
+    # tensor's block is found by bisection, not by a pass over every block.
     spans: dict[str, list[Block]] = {}
-    for block in blocks:
+    for block in sorted(blocks, key=lambda b: b.address):
         spans.setdefault(f"cuda:{block.device}", []).append(block)
+    starts = {device: [b.address for b in found] for device, found in spans.items()}
     block_of: dict[tuple[str, int], Block] = {}
 
     def in_blocks(obj: object) -> tuple[tuple[str, int], int, str] | None:
@@ -64,11 +68,12 @@ def find_block_holders(
         if fact is None or fact[2] not in spans:
             return None
         address = fact[0][1]
-        for block in spans[fact[2]]:
-            if block.address <= address < block.address + block.size:
-                block_of[fact[0]] = block
-                return fact
-        return None
+        index = bisect.bisect_right(starts[fact[2]], address) - 1
+        block = spans[fact[2]][index] if index >= 0 else None
+        if block is None or address >= block.address + block.size:
+            return None
+        block_of[fact[0]] = block
+        return fact
 
     def explain(key: tuple[str, int], searched: bool) -> tuple[str, str] | None:
         # A CUDA graph's pool says so itself; a library call allocated what its tensor,

@@ -37,18 +37,18 @@ from gpumagic.units import format_bytes
 from pytest_cuda.leaks.call_peaks import CallPeaks
 from pytest_cuda.leaks.engine import TRACEBACK_STEP, LeakCheck, LeakSettings
 from pytest_cuda.leaks.peaks import PeakStart, peaks_since
+from pytest_cuda.leaks.recording import StackRecording
 from pytest_cuda.leaks.remains import drop_failure, release_test_references
 from pytest_cuda.leaks.report import (
     MARKER,
     REPORT_LEAKS,
     REPORT_PEAK,
+    RERUN_OUT_ENV,
     LeakReport,
     junit_properties,
 )
-from pytest_cuda.leaks.rerun import ENV_OUT, rerun_alone, write_reports
 from pytest_cuda.leaks.result import CudaLeakWarning, LeakResult, parse_leak_settings
 from pytest_cuda.leaks.settle import CudaMemory, growth, kept_by_library
-from pytest_cuda.leaks.stacks import StackRecording
 from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class LeakChecker:
         self.root = str(config.rootpath)
         self._current: _Check | None = None
         # Opt-in: a leak is re-run alone in a fresh process (never from a re-run child).
-        rerun_child = bool(os.environ.get(ENV_OUT))
+        rerun_child = bool(os.environ.get(RERUN_OUT_ENV))
         reruns = settings.leak_reruns
         self.reruns_left = 0 if rerun_child else reruns
         self.reports: dict[str, dict[str, Any]] | None = {} if rerun_child else None
@@ -147,6 +147,8 @@ class LeakChecker:
         if self.recording is not None:
             self.recording.close()
         if self.reports is not None:
+            from pytest_cuda.leaks.rerun import write_reports
+
             write_reports(self.reports)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
@@ -323,6 +325,8 @@ class LeakChecker:
         )
         if not result.clean and self.reruns_left > 0:
             self.reruns_left -= 1
+            from pytest_cuda.leaks.rerun import rerun_alone
+
             result = kept_by_library(replace(result, rerun=rerun_alone(self.config, item.nodeid)))
         check.result = result
         if not result.clean and self.snapshots is not None:

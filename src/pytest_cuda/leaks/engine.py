@@ -26,12 +26,14 @@ CUDA only through :mod:`gpumagic.cuda`.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
 from pytest_cuda.leaks.heap import TestHeap
+from pytest_cuda.leaks.recording import StackRecording
 from pytest_cuda.leaks.result import LeakResult, Mode
 from pytest_cuda.leaks.settle import (
     FULL_COLLECTION,
@@ -44,10 +46,12 @@ from pytest_cuda.leaks.settle import (
     kept_by_library,
     settle,
 )
-from pytest_cuda.leaks.stacks import StackRecording, attribute, bytes_allocated_since
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    #: Takes the allocator's snapshot once, however often it is asked for.
+    Snapshot = Callable[[], dict[str, Any]]
 
 __all__ = ["TRACEBACK_STEP", "WHOLE_HEAP", "LeakCheck", "LeakSettings"]
 
@@ -222,16 +226,20 @@ class LeakCheck:
     ) -> LeakResult:
         """``result`` settled further by ``steps``; what is left attributed again."""
         again = settle(self.before, Steps(self.source, tuple(steps)), self.tolerance, held=held)
-        again = self._at_least_what_is_new(result, again)
+        # Nothing runs between the two readers of the allocator's state: one snapshot.
+        snapshot = functools.cache(cuda.memory_snapshot)
+        again = self._at_least_what_is_new(result, again, snapshot)
         released = (*result.released, *again.released)
         if again.clean:
             return replace(again, released=released)
         if again.leaked == result.leaked:
             return replace(result, released=released)
         # Part of it was garbage: attribute what is left.
-        return replace(self._stacks(again, None), released=released)
+        return replace(self._stacks(again, None, snapshot), released=released)
 
-    def _at_least_what_is_new(self, before: LeakResult, after: LeakResult) -> LeakResult:
+    def _at_least_what_is_new(
+        self, before: LeakResult, after: LeakResult, snapshot: Snapshot
+    ) -> LeakResult:
         """A collection of the whole heap also frees garbage older than the check (an
         earlier failed test's traceback, a cycle an earlier test dropped), which lowers
         the reading under what the code still holds and could hide its leak: on each
@@ -240,7 +248,9 @@ class LeakCheck:
         fell = {d for d, grew in before.leaked.items() if after.leaked.get(d, 0) < grew}
         if not fell or self.recording is None or not cuda.memory_history_enabled():
             return after
-        alive = bytes_allocated_since(self._start_us, fell, self.outermost)
+        from pytest_cuda.leaks.stacks import bytes_allocated_since
+
+        alive = bytes_allocated_since(self._start_us, fell, self.outermost, snapshot())
         leaked = dict(after.leaked)
         for device in fell:
             floor = min(before.leaked[device], alive.get(device, 0))
@@ -250,15 +260,24 @@ class LeakCheck:
             return after
         return replace(after, leaked=leaked, growth={**after.growth, **leaked})
 
-    def _stacks(self, result: LeakResult, objects: Sequence[object] | None) -> LeakResult:
+    def _stacks(
+        self,
+        result: LeakResult,
+        objects: Sequence[object] | None,
+        snapshot: Snapshot | None = None,
+    ) -> LeakResult:
         if self.recording is None:
             return replace(result, stack_note=self.untraced_note)
         if not cuda.memory_history_enabled():
             return replace(result, stack_note=self.recording.why_off())
+        # Only a leak needs the attribution and its walk: imported then.
+        from pytest_cuda.leaks.stacks import attribute
+
         stacks, holders = attribute(
             self._start_us,
             result.leaked,
             self.outermost,
+            None if snapshot is None else snapshot(),
             objects=objects,
             budget_s=self.search_s,
             frozen_before=self.heap.frozen_before,

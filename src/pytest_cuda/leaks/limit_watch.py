@@ -23,7 +23,7 @@ from gpumagic import cuda
 from gpumagic.stacks import FrameFilter, group_by_stack
 from pytest_cuda.leaks.limit import OverLimit, blocks_at_peak
 from pytest_cuda.leaks.peaks import PeakStart, peaks_since, reset_peaks
-from pytest_cuda.leaks.stacks import HISTORY_MAX_ENTRIES, StackRecording
+from pytest_cuda.leaks.recording import HISTORY_MAX_ENTRIES, StackRecording
 
 __all__ = ["UNRECORDED", "LimitWatch"]
 

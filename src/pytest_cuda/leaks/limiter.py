@@ -8,7 +8,7 @@ reset when the call starts, read when it ends); a peak over the limit on any dev
 test allocated on fails the call with the peak, the limit and the blocks alive at the
 peak by allocating line. A test that failed anyway gets it as a report section; one
 that ran out of memory is the out-of-memory report's. While a limit applies, the
-allocator's events keep their stacks (:class:`~pytest_cuda.leaks.stacks.StackRecording`
+allocator's events keep their stacks (:class:`~pytest_cuda.leaks.recording.StackRecording`
 with ``event_stacks``), so the lines of blocks freed before the test ended are known.
 A ``cuda_distributed`` test's limit is checked in each rank
 (:func:`limit_of`, sent with its job).
@@ -25,7 +25,7 @@ from gpumagic.cuda_errors import out_of_memory
 from pytest_cuda.leaks.call_peaks import CallPeaks
 from pytest_cuda.leaks.limit import MARKER, parse_limit
 from pytest_cuda.leaks.limit_watch import LimitWatch
-from pytest_cuda.leaks.stacks import HISTORY_MAX_ENTRIES, StackRecording
+from pytest_cuda.leaks.recording import HISTORY_MAX_ENTRIES, StackRecording
 from pytest_cuda.settings import settings_of
 
 if TYPE_CHECKING:

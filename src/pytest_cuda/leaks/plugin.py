@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
     from pytest_cuda.leaks.block import NoCudaLeak
-    from pytest_cuda.leaks.stacks import StackRecording
+    from pytest_cuda.leaks.recording import StackRecording
 
 __all__ = ["CHECKER_NAME", "LIMITER_NAME"]
 

@@ -7,7 +7,7 @@ The child is a pytest child of this session, as the poison continuation's and
 ``--cuda-rerun-blocking``'s are (:mod:`pytest_cuda.child`): the user's own command
 line, so it collects and configures the same way, narrowed to the one test, with its
 own ``--basetemp`` and cache, without xdist; it writes its leak reports to the file
-named by :data:`ENV_OUT`.
+named by :data:`~pytest_cuda.leaks.report.RERUN_OUT_ENV`.
 """
 
 from __future__ import annotations
@@ -20,17 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_cuda.child import child_argv_for, child_env, write_nodeids
-from pytest_cuda.leaks.report import LeakReport
+from pytest_cuda.leaks.report import RERUN_OUT_ENV, LeakReport
 from pytest_cuda.leaks.result import Rerun
 from pytest_cuda.leaks.settle import LIBRARY_STEP
 
 if TYPE_CHECKING:
     import pytest
 
-__all__ = ["ENV_OUT", "rerun_alone", "write_reports"]
+__all__ = ["rerun_alone", "write_reports"]
 
-#: Where a re-run child writes ``{nodeid: LeakReport.to_dict()}``.
-ENV_OUT = "PYTEST_CUDA_LEAK_RERUN_OUT"
 TIMEOUT_S = 300
 
 
@@ -49,7 +47,7 @@ def rerun_alone(config: pytest.Config, nodeid: str) -> Rerun:
             done = subprocess.run(
                 argv,
                 cwd=config.invocation_params.dir,
-                env=child_env({ENV_OUT: str(out)}),
+                env=child_env({RERUN_OUT_ENV: str(out)}),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
@@ -82,6 +80,6 @@ def _read(path: Path) -> dict[str, LeakReport]:
 
 def write_reports(reports: dict[str, dict[str, Any]]) -> None:
     """In a re-run child: write the leak reports where the parent reads them."""
-    out = os.environ.get(ENV_OUT)
+    out = os.environ.get(RERUN_OUT_ENV)
     if out:
         Path(out).write_text(json.dumps(reports))

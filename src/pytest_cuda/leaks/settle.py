@@ -25,7 +25,6 @@ from typing import Protocol
 
 from gpumagic import cuda
 from pytest_cuda.leaks.result import LeakResult, Release
-from pytest_cuda.leaks.walk.holders import LIBRARY
 
 __all__ = [
     "FULL_COLLECTION",
@@ -145,16 +144,16 @@ def kept_by_library(result: LeakResult) -> LeakResult:
     """Growth that only libraries' caches hold (torch.compile's, a singleton's), as the
     holder walk found (here, in the re-run alone, or in a rank), is kept by design: not a leak.
     It is listed with what the settle steps released, under the holder's path."""
-    holders = result.holders.holders if result.holders is not None else ()
+    scan = result.holders
     # Every leaked block lies in a tensor a library cache holds (a block no tensor
     # shows is a holder of its own kind), and those blocks make up the growth.
-    reached = result.holders.found if result.holders is not None else 0
     if (
-        holders
-        and all(h.kind == LIBRARY for h in holders)
-        and reached + result.tolerance * len(result.leaked) >= sum(result.leaked.values())
+        scan is not None
+        and scan.holders
+        and scan.only_libraries
+        and scan.found + result.tolerance * len(result.leaked) >= sum(result.leaked.values())
     ):
-        step = f"{LIBRARY_STEP}: {holders[0].path}"
+        step = f"{LIBRARY_STEP}: {scan.holders[0].path}"
     elif result.rerun is not None and result.rerun.library:
         step = f"{LIBRARY_STEP}: {result.rerun.library} (re-run alone)"
     else:

@@ -59,6 +59,7 @@ def saved_tensors(
     :data:`MAX_GRAPH_NODES` nodes (saying so in ``notes``), and stops when ``spent()``."""
     found: list[Saved] = []
     nodes = MAX_GRAPH_NODES
+    names: dict[type, list[str]] = {}
     for owner, grad_fn in cuda.graph_owners(objects):
         stack: list[tuple[object, str]] = [(grad_fn, f".grad_fn ({type(grad_fn).__name__})")]
         visited: set[int] = set()
@@ -68,7 +69,7 @@ def saved_tensors(
                 continue
             visited.add(id(node))
             nodes -= 1
-            for name in _saved_names(node):
+            for name in _saved_names(node, names):
                 try:
                     saved = getattr(node, name)
                     fact = facts(saved)
@@ -86,8 +87,18 @@ def saved_tensors(
     return found
 
 
-def _saved_names(node: object) -> list[str]:
+def _saved_names(node: object, by_type: dict[type, list[str]]) -> list[str]:
+    """The ``_saved_*`` attributes of ``node`` (and the leaf's ``variable``). A node of
+    torch's own (no ``__dict__``) has its class's, read once per class in ``by_type``;
+    a custom Function's node may have more of its own."""
+    cls = type(node)
+    known = by_type.get(cls)
+    if known is not None:
+        return known
     try:
-        return [name for name in dir(node) if name.startswith("_saved_") or name == LEAF]
+        found = [name for name in dir(node) if name.startswith("_saved_") or name == LEAF]
     except Exception:
         return []
+    if not hasattr(node, "__dict__"):
+        by_type[cls] = found
+    return found

@@ -109,6 +109,11 @@ class LeakHolderScan:
         """Every holder is a root known to be alive: no collection could free them."""
         return self.complete and bool(self.holders) and all(h.alive for h in self.holders)
 
+    @property
+    def only_libraries(self) -> bool:
+        """Every holder is a library's cache (:data:`LIBRARY`): kept by design."""
+        return all(h.kind == LIBRARY for h in self.holders)
+
     def first(self) -> str | None:
         """``"mymod.CACHE['x'] (module global)"`` for the largest holder that Python
         objects reach, ``None`` when none does."""
