@@ -5,12 +5,11 @@ functions over the reports of :mod:`gpumagic.memory`; the HTML is in
 
 from __future__ import annotations
 
-import textwrap
 from typing import TYPE_CHECKING
 
 from gpumagic.memory import CONTEXT_NOTE
 from gpumagic.memory_timeline import timeline_lines
-from gpumagic.units import format_bytes
+from gpumagic.units import format_bytes, wrap_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -226,7 +225,7 @@ def _holder_lines(report: MemoryReport) -> list[str]:
     else:
         lines.append("  (no live CUDA tensor is reachable from a name)")
     for text in holder_summary(report):
-        lines.extend(textwrap.wrap(text, width=90, initial_indent="  ", subsequent_indent="  "))
+        lines.extend(wrap_text(text, width=90, initial_indent="  ", subsequent_indent="  "))
     return lines
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
-import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +19,7 @@ from gpumagic import timing_brief as brief
 from gpumagic import timing_checks as checks
 from gpumagic.roofline import Roofline
 from gpumagic.timing_brief import IQR_RUNS
-from gpumagic.units import format_bytes, format_rate, format_time, quantile
+from gpumagic.units import format_bytes, format_rate, format_time, quantile, wrap_text
 
 if TYPE_CHECKING:
     from gpumagic.timing_budget import BudgetSpent
@@ -42,20 +40,8 @@ __all__ = [
 _NOT_IN_DICT = ("gpu_times", "roofline", "brief")
 TIMES = "\u00d7"  # multiplication sign
 DASH = "\u2013"  # en dash
-NBSP = "\u00a0"  # no-break space: textwrap does not break at it
-
 #: First call / steady state above which the engine warns about the first call.
 FIRST_CALL_WARNING = 10
-
-
-#: A number and the unit after it ("60.0 MiB", "220 µs", "5 %"): kept on one line.
-_NUMBER_UNIT = re.compile(r"(\d) (%|[KMGT]i?B\b|[mµnk]?s\b|B\b|[KMGT]?Hz\b)")
-
-
-def _wrap(text: str, **options: Any) -> list[str]:
-    """``textwrap.wrap``, never breaking a number from its unit or ``%``."""
-    joined = _NUMBER_UNIT.sub(lambda m: m[1] + NBSP + m[2], text)
-    return [line.replace(NBSP, " ") for line in textwrap.wrap(joined, **options)]
 
 
 def _percent(value: float) -> str:
@@ -538,13 +524,13 @@ class CudaTimeResult:
             if len(head) > len(indent) and detail:  # a value wider than its column
                 lines.append(head.rstrip())
                 head = indent
-            parts = _wrap(detail, width=80 - len(indent)) or [""]
+            parts = wrap_text(detail, width=80 - len(indent)) or [""]
             lines.append((head + parts[0]).rstrip())
             lines.extend(indent + part for part in parts[1:])
         for mark, texts in (("!", self.warnings), ("·", self.notes)):
             for text in texts:
                 lines.extend(
-                    _wrap(text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    ")
+                    wrap_text(text, width=80, initial_indent=f"  {mark} ", subsequent_indent="    ")
                 )
         return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Units, read and written the same way everywhere: memory sizes, compute capabilities,
-durations, counts (``parse_amount``), and the quantile that medians and spreads come
-from. Pure functions."""
+durations, counts (``parse_amount``), the quantile that medians and spreads come from,
+and text wrapped without breaking a number from its unit. Pure functions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import ast
 import contextlib
 import math
 import re
-from typing import TYPE_CHECKING
+import textwrap
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ __all__ = [
     "parse_capability",
     "parse_size",
     "quantile",
+    "wrap_text",
 ]
 
 
@@ -173,3 +175,15 @@ def parse_amount(text: str, *, sizes: bool = False) -> float:
     if not (result > 0 and math.isfinite(result)):
         raise ValueError(f"{text!r} is not a positive count: use {accepted}")
     return result
+
+
+_NBSP = "\u00a0"  # no-break space: textwrap does not break at it
+#: A number and the unit after it ("60.0 MiB", "220 µs", "5 %"): kept on one line.
+_NUMBER_UNIT = re.compile(r"(\d) (%|[KMGT]i?B\b|[mµnk]?s\b|B\b|[KMGT]?Hz\b)")
+
+
+def wrap_text(text: str, **options: Any) -> list[str]:
+    """``textwrap.wrap(text, **options)``, never breaking a number from its unit or ``%``
+    ("60.0 MiB", "220 µs", "5 %")."""
+    joined = _NUMBER_UNIT.sub(lambda m: m[1] + _NBSP + m[2], text)
+    return [line.replace(_NBSP, " ") for line in textwrap.wrap(joined, **options)]
