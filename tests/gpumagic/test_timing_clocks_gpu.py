@@ -107,7 +107,7 @@ def test_timer_cupti_is_the_same_runs_cupti_time(
         return [t * c for t, c in zip(times, clocks, strict=True) if c is not None]
 
     events = cycles(r.event_timings, r.event_clocks_mhz)
-    cupti = cycles(r.all_runs, r.run_clocks_mhz)
+    cupti = cycles(r.timings, r.run_clocks_mhz)  # per loop, as the event timings are
     print(f"clocks (MHz): events {r.event_clocks_mhz}, CUPTI {r.run_clocks_mhz}")
     if len(events) < 3 or len(cupti) < 3:
         pytest.skip("NVML read too few SM clocks to compare the passes")
