@@ -99,19 +99,23 @@ def test_timer_cupti_is_the_same_runs_cupti_time(
     assert r.events_time is not None
 
     # A spin has no gaps: the events time is the CUPTI time, at one clock. A spin counts
-    # cycles, so its time is 1/clock, and under a power cap the SM clock moves from run
-    # to run (1,590 to 1,980 MHz among one test's runs on an H200 on 2026-11-27; a ratio
-    # of the two passes' median clocks was off by 1.5 %): what both passes must agree on
-    # is the cycles per loop, each run's time by the clock read right after it.
+    # cycles, so its time is 1/clock, and under a power cap the SM clock moves between
+    # and within runs (1,590 to 1,980 MHz among one test's runs on an H200 on 2026-11-27;
+    # the passes' times differed by 1.5 %, their cycles per loop by 1.7 % on an H100).
+    # What both passes must agree on is the cycles per loop, each run's time by the clock
+    # read right after it; a run's own clock lies within the clocks read, so the two can
+    # differ by the clocks' spread: 1 % on a steady clock, more only as far as it moved.
     def cycles(times: list[float], clocks: list[int | None]) -> list[float]:
         return [t * c for t, c in zip(times, clocks, strict=True) if c is not None]
 
     events = cycles(r.event_timings, r.event_clocks_mhz)
     cupti = cycles(r.timings, r.run_clocks_mhz)  # per loop, as the event timings are
+    read = [c for c in (*r.event_clocks_mhz, *r.run_clocks_mhz) if c is not None]
     print(f"clocks (MHz): events {r.event_clocks_mhz}, CUPTI {r.run_clocks_mhz}")
     if len(events) < 3 or len(cupti) < 3:
         pytest.skip("NVML read too few SM clocks to compare the passes")
-    assert quantile(events, 0.5) == pytest.approx(quantile(cupti, 0.5), rel=0.01)
+    moved = max(read) / min(read) - 1
+    assert quantile(events, 0.5) == pytest.approx(quantile(cupti, 0.5), rel=0.01 + moved)
     text = " ".join(r.text().split())  # a long row wraps: its words, not its lines
     assert "CUPTI kernel time of profiled runs" in text
     assert "CUDA events, median of" in text
