@@ -1471,8 +1471,7 @@ def _table_memory_limit(run: Run) -> Table:
                 f"+{r[f'limit_cost_recorded{suffix}_us']:.2f} µs",
             ],
             [
-                f"the limit's work around it, {where}, events not recorded (a read at "
-                "each end)",
+                f"the limit's work around it, {where}, events not recorded (a read at each end)",
                 f"+{r[f'limit_cost_unrecorded{suffix}_us']:.2f} µs",
             ],
         ]
