@@ -25,12 +25,18 @@ from pytest_cuda.leaks.limit import OverLimit, blocks_at_peak
 from pytest_cuda.leaks.peaks import PeakStart, peaks_since, reset_peaks
 from pytest_cuda.leaks.recording import HISTORY_MAX_ENTRIES, StackRecording
 
-__all__ = ["UNRECORDED", "LimitWatch"]
+__all__ = ["UNRECORDED", "LimitWatch", "start_marks_needed"]
 
 UNRECORDED = (
     "Allocation stacks were not recorded (recording was switched off, or CUDA was "
     "first used before torch was imported): the blocks at the peak are not known."
 )
+
+
+def start_marks_needed() -> bool:
+    """Whether a limit must read the allocator when a test starts: only where its events
+    are not recorded (else the ring says at the end what that read would have)."""
+    return not cuda.memory_history_enabled()
 
 
 @dataclass
@@ -86,7 +92,7 @@ class LimitWatch:
         """The test starts: peaks reset now, or ``start``, a reset made for it already
         (``--cuda-memory-report``'s)."""
         if start is None:
-            start = reset_peaks(marks=not cuda.memory_history_enabled())
+            start = reset_peaks(marks=start_marks_needed())
         self._start = start
 
     def over(self) -> list[OverLimit]:

@@ -24,7 +24,7 @@ from gpumagic import cuda
 from gpumagic.cuda_errors import out_of_memory
 from pytest_cuda.leaks.call_peaks import CallPeaks
 from pytest_cuda.leaks.limit import MARKER, parse_limit
-from pytest_cuda.leaks.limit_watch import LimitWatch
+from pytest_cuda.leaks.limit_watch import LimitWatch, start_marks_needed
 from pytest_cuda.leaks.recording import HISTORY_MAX_ENTRIES, StackRecording
 from pytest_cuda.settings import settings_of
 
@@ -95,9 +95,7 @@ class MemoryLimiter:
         if watch is None:
             return (yield)
         self.recording.ensure()
-        # With the allocator's events recorded, the ring says at the end what a start's
-        # allocator read would have (one read of about 19 µs less a clean test).
-        with CallPeaks(item, marks=not cuda.memory_history_enabled()) as start:
+        with CallPeaks(item, marks=start_marks_needed()) as start:
             watch.begin(start)
             try:
                 result = yield
