@@ -264,6 +264,38 @@ def test_an_autograd_graph_holds_the_leaf_it_accumulates_into(module: types.Modu
     assert found.alive
 
 
+def test_a_leaf_no_python_object_holds_is_placed_through_the_graph_when_blocks_are_shown(
+    module: types.ModuleType,
+) -> None:
+    # torchvision's DeformConv tests again, as the leak check sees them: the copy and the
+    # leaf are both leaked, and every leaked block is shown by a tensor (the leaf's
+    # Python object outlives `del x`: torch keeps it while the graph holds the leaf).
+    # The graphs are read for the leaf that no Python object holds, and the owner's
+    # place, which the walk found, names it: proven alive, no collection needed.
+    x = torch.ones(10, 100, requires_grad=True)
+    module.COPY = x.t().contiguous().t()  # type: ignore[attr-defined]
+    storages = {x.untyped_storage().data_ptr(), module.COPY.untyped_storage().data_ptr()}
+    del x
+
+    def facts(obj: object) -> tuple[tuple[str, int], int, str] | None:
+        if isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() in storages:
+            return ("cpu", obj.untyped_storage().data_ptr()), 4000, "cuda:0"
+        return None
+
+    objects = gc.get_objects()
+    try:
+        found = find_leak_holders(objects, facts, covered=lambda: True)
+    finally:
+        del objects
+    paths = sorted(h.path for h in found.holders)
+    assert paths == [
+        "mymod.COPY",
+        "mymod.COPY._base.grad_fn (CloneBackward0).next_functions[0][0] (TBackward0)"
+        ".next_functions[0][0] (AccumulateGrad).variable",
+    ], found
+    assert found.alive
+
+
 class Strategy:
     """Holds a cached tensor and what the test leaks, as gpytorch's prediction strategy."""
 

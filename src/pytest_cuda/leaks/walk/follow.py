@@ -92,7 +92,7 @@ def follow(
         kind = LIBRARY if is_library(ref.__module__) else "class attribute"
         _root(target, render(name, [step, *node.steps]), kind, note, named_by_module(ref))
         return None
-    return Node(ref, [step, *node.steps], target, through)
+    return Node(ref, [step, *node.steps], target, through, node.origin)
 
 
 def frame_root(frame: types.FrameType, child: object, node: Node) -> None:

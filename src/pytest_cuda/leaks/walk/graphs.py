@@ -17,14 +17,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
+from pytest_cuda.leaks.walk.state import OUTSIDE, Budget, Target, end_path
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     #: ``facts(obj)``: ``(storage key, bytes, device)`` of a leaked tensor, else None.
     Facts = Callable[[object], tuple[tuple[str, int], int, str] | None]
 
-__all__ = ["MAX_GRAPH_NODES", "Saved", "saved_tensors"]
+__all__ = [
+    "MAX_GRAPH_NODES",
+    "Saved",
+    "graph_probes",
+    "name_saved",
+    "place_from",
+    "saved_tensors",
+]
 
 #: How many autograd graph nodes are read when looking for saved tensors.
 MAX_GRAPH_NODES = 20_000
@@ -102,3 +110,68 @@ def _saved_names(node: object, by_type: dict[type, list[str]]) -> list[str]:
     if not hasattr(node, "__dict__"):
         by_type[cls] = found
     return found
+
+
+def graph_probes(
+    objects: Sequence[object],
+    targets: dict[tuple[str, int], Target],
+    facts: Facts,
+    notes: list[str],
+    budget: Budget,
+) -> tuple[list[tuple[Target, Target, Saved]], list[Target]]:
+    """``(owner's probe, target, saved)`` for every place an autograd graph holds a
+    leaked tensor (:func:`saved_tensors`), and the probes, one per owner: a probe is
+    walked up like a target; a target that no Python object showed waits for it
+    (``"…"``)."""
+    probes: dict[int, Target] = {}
+    found: list[tuple[Target, Target, Saved]] = []
+    for saved in saved_tensors(objects, facts, notes, budget.spent):
+        key, nbytes, device = saved.fact
+        target = targets.get(key)
+        if target is None:
+            target = targets[key] = Target(saved.tensor, key, nbytes, device, path="…")
+        probe = probes.setdefault(
+            id(saved.owner), Target(saved.owner, ("graph", id(saved.owner)), 0, "")
+        )
+        found.append((probe, target, saved))
+    return found, list(probes.values())
+
+
+def place_from(probes: list[Target], targets: Iterable[Target]) -> list[Target]:
+    """Place each probe whose owner is the tensor a placed target's path starts at (or
+    that tensor's base: ``._base``) from that path; the probes left to walk up."""
+    placed: dict[int, tuple[Target, str]] = {}
+    for t in targets:
+        if t.path and t.origin is not None:
+            base = getattr(t.origin, "_base", None)
+            if base is not None:
+                placed.setdefault(id(base), (t, "._base"))
+            placed[id(t.origin)] = (t, "")
+    left: list[Target] = []
+    for probe in probes:
+        found, step = placed.get(id(probe.obj), (None, ""))
+        if found is None:
+            left.append(probe)
+        else:
+            probe.path, probe.kind, probe.note = found.path + step, found.kind, found.note
+            probe.alive = found.alive
+    return left
+
+
+def name_saved(graphs: list[tuple[Target, Target, Saved]]) -> None:
+    """Name a tensor a graph holds from its owner's place, unless a path of its own
+    placed it. Owners the walk placed go first (a view's base, which only C++ holds,
+    owns a part of the view's graph too), then the shorter path."""
+
+    def order(graph: tuple[Target, Target, Saved]) -> tuple[bool, bool, int]:
+        probe, _, saved = graph
+        return not probe.path, not probe.alive, len(probe.path) + len(saved.where)
+
+    for probe, target, saved in sorted(graphs, key=order):
+        if target.path not in ("", "…"):
+            continue
+        held_by = probe.path or end_path(probe) or "a tensor that the walk could not place"
+        target.path = f"{held_by}{saved.where}"
+        target.kind = saved.kind
+        target.note = probe.note if probe.path or probe.end is None else OUTSIDE
+        target.alive = probe.alive

@@ -30,9 +30,17 @@ from typing import TYPE_CHECKING
 from gpumagic.units import format_bytes
 from pytest_cuda.leaks.walk.down import walk_down
 from pytest_cuda.leaks.walk.follow import LIBRARY, follow, frame_root
-from pytest_cuda.leaks.walk.graphs import Saved, saved_tensors
+from pytest_cuda.leaks.walk.graphs import Saved, graph_probes, name_saved, place_from
 from pytest_cuda.leaks.walk.paths import referents
-from pytest_cuda.leaks.walk.state import Boundary, Budget, Node, Target, end_path, ended
+from pytest_cuda.leaks.walk.state import (
+    OUTSIDE,
+    Boundary,
+    Budget,
+    Node,
+    Target,
+    end_path,
+    ended,
+)
 from pytest_cuda.leaks.walk.young import young_referrers
 
 if TYPE_CHECKING:
@@ -54,8 +62,6 @@ __all__ = [
     "holder_order",
 ]
 
-#: The kind of a path that starts at an object no Python object refers to.
-OUTSIDE = "no Python root: C++ holds where the path starts"
 NO_TENSOR = "no Python tensor object shows the leaked blocks"
 
 #: How many tensors of one storage the walk starts from.
@@ -168,15 +174,22 @@ def find_leak_holders(
             targets.update(_targets(objects, facts))
             # Saved tensors are read before the walk, so that one walk up goes from the
             # tensors and the graphs' owners together.
+            read = covered is None or not covered()
             graphs, probes = (
-                ([], [])
-                if covered is not None and covered()
-                else _graphs(objects, targets, facts, notes, budget)
+                graph_probes(objects, targets, facts, notes, budget) if read else ([], [])
             )
             _walk_up(
                 [*targets.values(), *probes], notes, budget, {id(objects)}, boundary, frames=frames
             )
-            _name_saved(graphs)
+            if not read and any(not t.path for t in targets.values()):
+                # Every block was shown, but a tensor no Python object holds may be a
+                # leaf a graph accumulates into (x.permute(…).contiguous() cached, x
+                # dropped): the graphs are read for it now, their owners placed from
+                # the walk when it placed them, else walked up.
+                graphs, probes = graph_probes(objects, targets, facts, notes, budget)
+                unplaced = place_from(probes, targets.values())
+                _walk_up(unplaced, notes, budget, {id(objects)}, boundary, frames=frames)
+            name_saved(graphs)
             boundary.thaw()
             hidden = _search_frozen(targets, facts, budget, covered, frozen_before)
         if not targets:
@@ -304,7 +317,7 @@ def _walk_up(
     something outside them holds too wait; once no young step is left, the heap is
     thawed and they go on, scanning the whole heap."""
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    layer = [Node(obj, [], t) for t in targets for obj in (t.obj, *t.others)]
+    layer = [Node(obj, [], t, origin=obj) for t in targets for obj in (t.obj, *t.others)]
     seen = {(id(n.obj), id(n.target)) for n in layer}  # (object, target): each target's walk
     own = {id(layer), id(targets), id(seen), *ignore, *(id(t.others) for t in targets)}
     waiting: list[Node] = []  # held from outside the young objects: for the whole heap
@@ -377,12 +390,15 @@ def _step_up(
                     for node in by_id[id(child)]:
                         if not node.target.path:
                             frame_root(ref, child, node)
+                            node.target.origin = node.origin
             continue
         for child in children:
             for node in by_id[id(child)]:
                 if node.target.path:
                     continue
                 step = follow(ref, child, node, modules, budget)
+                if step is None:  # a root (or a link not followed: a later root resets it)
+                    node.target.origin = node.origin
                 # A root ends a path however often it is met; an object in between is
                 # walked from once per target.
                 if step is not None and (id(ref), id(node.target)) not in seen:
@@ -396,46 +412,3 @@ def _children_in(ref: object, by_id: dict[int, list[Node]]) -> list[object]:
         return [child for child in referents(ref) if id(child) in by_id]
     except Exception:
         return []
-
-
-# ---------------------------------------------------------------------------
-# Autograd graphs: the tensors a graph holds have no Python object of their own.
-
-
-def _graphs(
-    objects: Sequence[object],
-    targets: dict[tuple[str, int], Target],
-    facts: Facts,
-    notes: list[str],
-    budget: Budget,
-) -> tuple[list[tuple[Target, Target, Saved]], list[Target]]:
-    """``(owner's probe, target, saved)`` for every place an autograd graph holds a
-    leaked tensor (:func:`~pytest_cuda.leaks.walk.graphs.saved_tensors`), and the probes, one
-    per owner: a probe is walked up like a target; a target that no Python object showed
-    waits for it (``"…"``)."""
-    probes: dict[int, Target] = {}
-    found: list[tuple[Target, Target, Saved]] = []
-    for saved in saved_tensors(objects, facts, notes, budget.spent):
-        key, nbytes, device = saved.fact
-        target = targets.get(key)
-        if target is None:
-            target = targets[key] = Target(saved.tensor, key, nbytes, device, path="…")
-        probe = probes.setdefault(
-            id(saved.owner), Target(saved.owner, ("graph", id(saved.owner)), 0, "")
-        )
-        found.append((probe, target, saved))
-    return found, list(probes.values())
-
-
-def _name_saved(graphs: list[tuple[Target, Target, Saved]]) -> None:
-    """Name a tensor a graph holds from its owner's place, unless a path of its own
-    placed it. Owners the walk placed go first: a view's base, which only C++ holds,
-    owns a part of the view's graph too."""
-    for probe, target, saved in sorted(graphs, key=lambda g: (not g[0].path, not g[0].alive)):
-        if target.path not in ("", "…"):
-            continue
-        held_by = probe.path or end_path(probe) or "a tensor that the walk could not place"
-        target.path = f"{held_by}{saved.where}"
-        target.kind = saved.kind
-        target.note = probe.note if probe.path or probe.end is None else OUTSIDE
-        target.alive = probe.alive

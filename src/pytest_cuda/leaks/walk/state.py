@@ -16,7 +16,10 @@ from pytest_cuda.leaks.walk.young import counts_references
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["Boundary", "Budget", "Node", "Target", "end_path", "ended"]
+__all__ = ["OUTSIDE", "Boundary", "Budget", "Node", "Target", "end_path", "ended"]
+
+#: The kind of a path that starts at an object no Python object refers to.
+OUTSIDE = "no Python root: C++ holds where the path starts"
 
 
 @dataclass(slots=True)
@@ -38,6 +41,8 @@ class Target:
     #: Where its walk ended at an object no Python object refers to: (rank, depth,
     #: that object named, the steps down from it), the best one (see :func:`ended`).
     end: tuple[int, int, str, list[Step]] | None = None
+    #: Which of its tensors (``obj`` or one of ``others``) the path starts at.
+    origin: object = None
 
 
 class Budget:
@@ -77,6 +82,8 @@ class Node:
     steps: list[Step]
     target: Target
     through: set[str] = field(default_factory=set)
+    #: The target's tensor this walk started from.
+    origin: object = None
 
 
 def ended(node: Node) -> None:
