@@ -21,6 +21,8 @@ from fake_cuda import FakeAllocator
 from pytest_cuda.leaks import engine
 from pytest_cuda.leaks.block import CudaLeakError, no_cuda_leak
 from pytest_cuda.leaks.report import LeakReport, json_report, junit_properties
+from pytest_cuda.leaks.result import LeakResult
+from pytest_cuda.leaks.walk.holders import LeakHolder, LeakHolderScan
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -118,6 +120,25 @@ def test_a_recording_that_fails_at_cuda_init_keeps_the_first_call_safe_and_says_
 
 # ---------------------------------------------------------------------------
 # The report: its fields are its data.
+
+
+def test_a_leak_is_proven_when_holders_proven_alive_keep_its_growth() -> None:
+    # What a collection of the whole heap could not change: skipped. torchvision's
+    # DeformConv tests leak cached tensors (a class's lru_cache, proven alive) while
+    # cuBLAS reallocated blocks no tensor shows (not proven, beyond the growth).
+    cached = LeakHolder(
+        "test_ops.T.f.cache[…]", "functools.lru_cache", 58_756, ("cuda:0",), alive=True
+    )
+    unshown = LeakHolder("15 blocks that no Python tensor shows", "C++ side", 122_368, ("cuda:0",))
+    scan = LeakHolderScan((cached, unshown), proven=(("cuda:0", 60_928),))
+
+    def proven(grew: int, found: LeakHolderScan = scan) -> bool:
+        return engine.LeakCheck._proven_alive(LeakResult({0: grew}, {0: grew}, 0, holders=found))
+
+    assert proven(60_928)
+    assert not proven(60_929)  # more than the proven blocks: the collection decides
+    assert not proven(100, LeakHolderScan((cached, unshown), complete=False))
+    assert proven(100, LeakHolderScan((cached,)))  # every holder proven alive
 
 
 def test_a_report_round_trips_through_json_field_by_field() -> None:

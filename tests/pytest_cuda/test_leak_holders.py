@@ -440,6 +440,9 @@ def test_blocks_that_no_tensor_shows_are_said_so(module: types.ModuleType) -> No
     )
     assert found.found == 4608  # the block's bytes, not the tensor's
     assert found.first() == f"{module.__name__}.CACHE[0] (module global)"
+    # The global is proven alive, the hidden block is not: the block bytes it keeps.
+    assert not found.alive
+    assert found.proven == (("cuda:0", 4608),)
 
 
 def test_when_no_tensor_shows_any_block_the_holder_line_says_it_once() -> None:

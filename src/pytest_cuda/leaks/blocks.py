@@ -119,7 +119,26 @@ def find_block_holders(
         scan = replace(scan, notes=tuple(n for n in scan.notes if n != NO_TENSOR))
     holders = sorted((*scan.holders, *extra), key=holder_order)
     found = sum(b.size for b in blocks) - sum(h.nbytes for h in extra if h.kind == UNSHOWN)
-    return replace(scan, holders=tuple(holders), found=found)
+    return replace(scan, holders=tuple(holders), found=found, proven=_proven(scan, block_of))
+
+
+def _proven(
+    scan: LeakHolderScan, block_of: dict[tuple[str, int], Block]
+) -> tuple[tuple[str, int], ...]:
+    """Per device, the bytes of the blocks that holders proven alive keep, libraries'
+    caches aside (what a collection could not free, nor pass for a library's)."""
+    kept = {
+        (block.device, block.address): block
+        for holder in scan.holders
+        if holder.alive and holder.kind != LIBRARY
+        for block in (block_of.get(key) for key in holder.storages)
+        if block is not None
+    }
+    per_device: dict[str, int] = {}
+    for block in kept.values():
+        device = f"cuda:{block.device}"
+        per_device[device] = per_device.get(device, 0) + block.size
+    return tuple(sorted(per_device.items()))
 
 
 #: Where torch keeps the memory of CUDA graphs (``torch.compile(mode="reduce-overhead")``,

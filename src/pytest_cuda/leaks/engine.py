@@ -205,7 +205,16 @@ class LeakCheck:
 
     @staticmethod
     def _proven_alive(result: LeakResult) -> bool:
-        return result.holders is not None and result.holders.alive
+        """Every holder is proven alive, or those that are keep blocks that make up each
+        device's growth: a collection could not lower the verdict (what it frees of
+        older garbage, :meth:`_at_least_what_is_new` would not count)."""
+        scan = result.holders
+        if scan is None or not scan.complete:
+            return False
+        proven = dict(scan.proven)
+        return scan.alive or all(
+            proven.get(f"cuda:{device}", 0) >= grew for device, grew in result.leaked.items()
+        )
 
     def _traceback_only(
         self, result: LeakResult, drop_failure: Callable[[], bool], held: Readings | None

@@ -109,6 +109,9 @@ class LeakHolderScan:
     complete: bool = True
     #: Objects frozen by ``gc.freeze()`` when it ran: invisible to it.
     hidden: int = 0
+    #: Per device (``"cuda:0"``), bytes of the leaked blocks that the user's holders
+    #: proven alive keep (when the walk was given blocks): no collection frees them.
+    proven: tuple[tuple[str, int], ...] = ()
 
     @property
     def alive(self) -> bool:
