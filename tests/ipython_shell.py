@@ -4,7 +4,8 @@
 close its history database) to :mod:`atexit`, which keeps every shell a session made
 alive until the process exits, then does that work for each in turn. Hundreds of
 shells left that way made every later walk of the heap slower (the leak holders'
-tests: ten times) and a pytest process's exit take a minute. :func:`fresh_shell`
+tests: ten times) and a pytest process's exit take a minute; each also kept the one
+before it alive through ``sys.modules["__main__"]``. :func:`fresh_shell`
 keeps the history in memory (never in the user's ``~/.ipython``) and closes the
 shell when its test is done with it.
 """
@@ -37,3 +38,6 @@ def fresh_shell() -> Iterator[InteractiveShell]:
         InteractiveShell.clear_instance()
         atexit.unregister(shell.atexit_operations)
         shell.atexit_operations()
+        # It put its namespace in sys.modules["__main__"], and kept the one it found
+        # there to restore: the earlier shell's namespace, which holds that shell.
+        shell.cleanup()
