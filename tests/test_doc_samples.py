@@ -35,6 +35,7 @@ import pytest
 
 import test_howto
 from gpumagic import cuda
+from ipython_shell import fresh_shell
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -190,22 +191,18 @@ def fast_cudatime() -> Iterator[None]:
 @pytest.mark.usefixtures("fast_cudatime")
 @pytest.mark.parametrize(("page", "gpu"), list(shell_sessions()))
 def test_samples_run_in_a_shell(page: str, gpu: bool) -> None:
-    from IPython.core.interactiveshell import InteractiveShell
-
     blocks = [b for b in BLOCKS if b.page == page and b.kind == "shell"]
     if not gpu:
         blocks = [b for b in blocks if b.mark is None]
-    InteractiveShell.clear_instance()
-    shell = InteractiveShell.instance()
-    try:
-        if "%load_ext gpumagic" not in blocks[0].body:
-            shell.run_line_magic("load_ext", "gpumagic")
-        for block in blocks:
-            result = shell.run_cell(block.body, store_history=True)
-            assert result.success, (block.id, result.error_before_exec, result.error_in_exec)
-    finally:
-        shell.run_line_magic("unload_ext", "gpumagic")
-        InteractiveShell.clear_instance()
+    with fresh_shell() as shell:
+        try:
+            if "%load_ext gpumagic" not in blocks[0].body:
+                shell.run_line_magic("load_ext", "gpumagic")
+            for block in blocks:
+                result = shell.run_cell(block.body, store_history=True)
+                assert result.success, (block.id, result.error_before_exec, result.error_in_exec)
+        finally:
+            shell.run_line_magic("unload_ext", "gpumagic")
 
 
 @pytest.mark.parametrize("block", TEST_FILES, ids=[b.id for b in TEST_FILES])

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from ipython_shell import fresh_shell
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import ModuleType
@@ -49,16 +51,10 @@ def ext() -> Iterator[tuple[ModuleType, ModuleType]]:
 def test_magic_help_is_what_the_question_mark_shows(
     ext: tuple[ModuleType, ModuleType], magic: str
 ) -> None:
-    from IPython.core.interactiveshell import InteractiveShell
-
     magic_help, _ = ext
-    InteractiveShell.clear_instance()
-    shell = InteractiveShell.instance()
-    try:
+    with fresh_shell() as shell:
         shell.run_line_magic("load_ext", "gpumagic")
         shown = ANSI.sub("", shell.object_inspect_mime(f"%{magic}")["text/plain"])
-    finally:
-        InteractiveShell.clear_instance()
     text = magic_help.magic_help(MAGICS[magic])
     assert f"Docstring:\n{text}" in shown
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import pytest
 
 from gpumagic import cuda
+from ipython_shell import fresh_shell
 
 HOWTO = Path(__file__).resolve().parents[1] / "docs" / "howto"
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -211,19 +212,15 @@ CELL_PAGES = [name for name, page in PAGES.items() if page.cells]
 @pytest.mark.cuda
 @pytest.mark.parametrize("page", CELL_PAGES)
 def test_ipython_cells_run_as_written(page: str) -> None:
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.clear_instance()
-    shell = InteractiveShell.instance()
     transcript: list[str] = []
-    try:
-        for number, cell in enumerate(PAGES[page].cells, 1):
-            with contextlib.redirect_stdout(io.StringIO()) as printed:
-                result = shell.run_cell(cell, store_history=True)
-            sys.stdout.write(printed.getvalue())
-            transcript.append(f"In [{number}]: {cell}\n{printed.getvalue()}")
-            assert result.success, (page, cell, result.error_before_exec, result.error_in_exec)
-    finally:
-        keep_transcript(f"howto_{page}_cells", "\n".join(transcript))
-        shell.run_line_magic("unload_ext", "gpumagic")
-        InteractiveShell.clear_instance()
+    with fresh_shell() as shell:
+        try:
+            for number, cell in enumerate(PAGES[page].cells, 1):
+                with contextlib.redirect_stdout(io.StringIO()) as printed:
+                    result = shell.run_cell(cell, store_history=True)
+                sys.stdout.write(printed.getvalue())
+                transcript.append(f"In [{number}]: {cell}\n{printed.getvalue()}")
+                assert result.success, (page, cell, result.error_before_exec, result.error_in_exec)
+        finally:
+            keep_transcript(f"howto_{page}_cells", "\n".join(transcript))
+            shell.run_line_magic("unload_ext", "gpumagic")

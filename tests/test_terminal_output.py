@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from ipython_shell import fresh_shell
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
@@ -70,16 +72,10 @@ def assert_plain(text: str) -> None:
 @pytest.fixture
 def shell() -> Iterator[InteractiveShell]:
     """A fresh, real ``InteractiveShell`` with gpumagic loaded and the setup run."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "gpumagic")
-    assert ip.run_cell(SETUP).success
-    try:
+    with fresh_shell() as ip:
+        ip.run_line_magic("load_ext", "gpumagic")
+        assert ip.run_cell(SETUP).success
         yield ip
-    finally:
-        InteractiveShell.clear_instance()
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=[c.splitlines()[0] for c in CELLS])

@@ -12,6 +12,7 @@ import pytest
 from fake_runtime import FakeClock, FakeSeam
 
 from fake_cuda import FakeAllocator, MiB
+from ipython_shell import fresh_shell
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -23,15 +24,9 @@ if TYPE_CHECKING:
 def shell() -> Iterator[InteractiveShell]:
     """A new ``InteractiveShell`` (not the singleton of an earlier test) after
     ``%load_ext gpumagic``; cleared afterwards."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.clear_instance()
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "gpumagic")
-    try:
+    with fresh_shell() as ip:
+        ip.run_line_magic("load_ext", "gpumagic")
         yield ip
-    finally:
-        InteractiveShell.clear_instance()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import gpumagic
+from ipython_shell import fresh_shell
 
 if TYPE_CHECKING:
     import pytest
@@ -53,11 +54,7 @@ def test_unload_removes_every_magic_and_loading_again_restores_them(
 def test_taking_lprun_from_line_profiler_says_so_and_unload_gives_it_back(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.clear_instance()
-    shell = InteractiveShell.instance()
-    try:
+    with fresh_shell() as shell:
         shell.run_line_magic("load_ext", "line_profiler")
         theirs = shell.magics_manager.magics["line"]["lprun"]
         shell.run_line_magic("load_ext", "gpumagic")
@@ -70,5 +67,3 @@ def test_taking_lprun_from_line_profiler_says_so_and_unload_gives_it_back(
         shell.run_line_magic("unload_ext", "gpumagic")
         assert shell.magics_manager.magics["line"]["lprun"] == theirs
         assert "cudatime" not in shell.magics_manager.magics["line"]
-    finally:
-        InteractiveShell.clear_instance()
