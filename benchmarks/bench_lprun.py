@@ -53,6 +53,13 @@ BUSY_N = 20_000  # iterations of the pure-Python loop (60,000 line hits)
 LAUNCH_CALLS = 20
 #: torch.profiler alone around the launch-bound loop (no line hook): with CPU ops or not
 PROFILER_ALONE = {"torch.profiler CPU+CUDA": True, "torch.profiler CUDA only": False}
+#: gpumagic's settings on the launch-bound loop and the training step
+GPUMAGIC_OPTIONS: dict[str, dict[str, bool]] = {
+    "gpumagic": {},
+    "gpumagic --no-sync": {"sync": False},
+    "gpumagic --gpu": {"gpu": True},
+    "gpumagic --gpu --no-sync": {"gpu": True, "sync": False},
+}
 TRAIN_STEPS = 10
 
 
@@ -96,6 +103,61 @@ def fresh(func: Callable[..., Any]) -> Callable[..., Any]:
     import types
 
     return types.FunctionType(func.__code__, func.__globals__, func.__name__)
+
+
+def profiling(kind: str, func: Callable[..., Any]) -> tuple[Any, Any]:
+    """The context ``func`` runs under for ``kind`` (``None``: unprofiled), and the
+    GpuLineProfiler behind it for gpumagic's kinds (else ``None``)."""
+    if kind == "unprofiled":
+        return None, None
+    if kind in PROFILER_ALONE:
+        # What a record costs by itself, no line hook: with torch's CPU ops, and with
+        # CUPTI's launches only (what --gpu records outside backward()).
+        from torch.autograd.profiler import profile as autograd_profile
+
+        context = autograd_profile(
+            use_cpu=PROFILER_ALONE[kind],
+            use_device="cuda",
+            use_kineto=True,
+            record_shapes=False,
+            with_stack=False,
+            profile_memory=False,
+        )
+        return context, None
+    if kind == "line_profiler":
+        from line_profiler import LineProfiler
+
+        return LineProfiler(func), None
+    from gpumagic.lineprof import GpuLineProfiler
+
+    prof = GpuLineProfiler(**GPUMAGIC_OPTIONS[kind])
+    prof.add_target(func)
+    return prof.session(), prof
+
+
+def ms_per_call(func: Callable[..., Any], args: tuple[Any, ...], calls: int, context: Any) -> float:
+    """Wall ms per call of ``func(*args)`` over ``calls`` calls inside ``context`` (or
+    none), the GPU's work waited for. One call comes before, outside the context, and
+    one inside it before the clock starts: --gpu starts torch.profiler at the first
+    profiled line (CUPTI's start-up is its cost, said in the notes, not per call)."""
+    import torch
+
+    func(*args)
+    torch.cuda.synchronize()
+    if context is not None:
+        context.__enter__()
+    try:
+        func(*args)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            func(*args)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    finally:
+        if context is not None:
+            context.__exit__(None, None, None)
+    return wall * 1e3 / calls
 
 
 def line_seconds(stats: Any, func: Callable[..., Any], offset: int) -> tuple[float, int]:
@@ -227,51 +289,8 @@ def main() -> int:
 
     def launch_bound(kind: str) -> float:
         func = fresh(launchy)
-        options = {
-            "gpumagic": {},
-            "gpumagic --no-sync": {"sync": False},
-            "gpumagic --gpu": {"gpu": True},
-            "gpumagic --gpu --no-sync": {"gpu": True, "sync": False},
-        }
-        if kind == "unprofiled":
-            context: Any = None
-        elif kind in PROFILER_ALONE:
-            # What a record costs by itself, no line hook: with torch's CPU ops, and with
-            # CUPTI's launches only (what --gpu records outside backward()).
-            from torch.autograd.profiler import profile as autograd_profile
-
-            context = autograd_profile(
-                use_cpu=PROFILER_ALONE[kind],
-                use_device="cuda",
-                use_kineto=True,
-                record_shapes=False,
-                with_stack=False,
-                profile_memory=False,
-            )
-        elif kind == "line_profiler":
-            context = LineProfiler(func)
-        else:
-            prof = GpuLineProfiler(**options[kind])
-            prof.add_target(func)
-            context = prof.session()
-        func(small)
-        torch.cuda.synchronize()
-        if context is not None:
-            context.__enter__()
-        try:
-            # One call inside the session first: --gpu starts torch.profiler at the first
-            # profiled line (CUPTI's start-up is its cost, said in the notes, not per call).
-            func(small)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(LAUNCH_CALLS):
-                func(small)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t
-        finally:
-            if context is not None:
-                context.__exit__(None, None, None)
-        return wall * 1e3 / LAUNCH_CALLS
+        context, _ = profiling(kind, func)
+        return ms_per_call(func, (small,), LAUNCH_CALLS, context)
 
     model = torch.nn.Sequential(
         torch.nn.Linear(2048, 2048),
@@ -297,50 +316,9 @@ def main() -> int:
 
     def training(kind: str) -> dict[str, float]:
         func = fresh(train_step)
-        options = {
-            "gpumagic": {},
-            "gpumagic --no-sync": {"sync": False},
-            "gpumagic --gpu": {"gpu": True},
-            "gpumagic --gpu --no-sync": {"gpu": True, "sync": False},
-        }
-        prof: Any = None
-        if kind == "unprofiled":
-            context: Any = None
-        elif kind in PROFILER_ALONE:
-            # What a record costs by itself, no line hook: with torch's CPU ops, and with
-            # CUPTI's launches only (what --gpu records outside backward()).
-            from torch.autograd.profiler import profile as autograd_profile
-
-            context = autograd_profile(
-                use_cpu=PROFILER_ALONE[kind],
-                use_device="cuda",
-                use_kineto=True,
-                record_shapes=False,
-                with_stack=False,
-                profile_memory=False,
-            )
-        elif kind == "line_profiler":
-            context = LineProfiler(func)
-        else:
-            prof = GpuLineProfiler(**options[kind])
-            prof.add_target(func)
-            context = prof.session()
-        func(model, opt, data, target)
-        torch.cuda.synchronize()
-        if context is not None:
-            context.__enter__()
-        try:
-            func(model, opt, data, target)  # as in launch_bound: the profiler starts here
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(TRAIN_STEPS):
-                func(model, opt, data, target)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t
-        finally:
-            if context is not None:
-                context.__exit__(None, None, None)
-        found: dict[str, float] = {"ms_per_step": wall * 1e3 / TRAIN_STEPS}
+        context, prof = profiling(kind, func)
+        args = (model, opt, data, target)
+        found: dict[str, float] = {"ms_per_step": ms_per_call(func, args, TRAIN_STEPS, context)}
         kernels = prof.result().kernels if prof is not None and prof.gpu else None
         if kernels is not None:
             # The session ran TRAIN_STEPS + 1 steps (the untimed first one included).

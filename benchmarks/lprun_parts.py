@@ -8,24 +8,18 @@ replaced by a constant. ms per call, median of 5 interleaved trials. Needs a GPU
 
 import statistics
 import sys
-import time
-import types
 
 import torch
 from torch.autograd.profiler import profile
 from torch.profiler import ProfilerActivity
 
 sys.path.insert(0, "benchmarks")
-from bench_lprun import launchy
+from bench_lprun import fresh, launchy, ms_per_call
 from gpumagic import lineprof_kernels
 from gpumagic.lineprof import GpuLineProfiler
 
 small = torch.ones(1024, device="cuda")
 CALLS = 200
-
-
-def fresh():
-    return types.FunctionType(launchy.__code__, launchy.__globals__, "launchy")
 
 
 def prof_ctx(cpu, toggle_off=False):
@@ -64,7 +58,7 @@ class Both:
 
 
 def run(kind):
-    f = fresh()
+    f = fresh(launchy)
     ctx = None
     if kind == "unprofiled":
         ctx = None
@@ -81,21 +75,7 @@ def run(kind):
         ctx = p.session()
         if "+ cuda-only profiler" in kind:
             ctx = Both(prof_ctx(False), ctx)
-    f(small)
-    torch.cuda.synchronize()
-    if ctx:
-        ctx.__enter__()
-    try:
-        f(small)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            f(small)
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3 / CALLS
-    finally:
-        if ctx:
-            ctx.__exit__(None, None, None)
+    return ms_per_call(f, (small,), CALLS, ctx)
 
 
 kinds = [

@@ -13,12 +13,11 @@ medians of 5 trials, each trial's figures listed. Needs a GPU.
 import statistics
 import sys
 import time
-import types
 
 import torch
 
 sys.path.insert(0, "benchmarks")
-from bench_lprun import launchy
+from bench_lprun import fresh, launchy, ms_per_call
 from gpumagic import lineprof_kernels
 from gpumagic.cuda import kernel_trace
 from gpumagic.lineprof import GpuLineProfiler
@@ -46,42 +45,21 @@ print("seq after stop ns", round(t(f)))
 small = torch.ones(1024, device="cuda")
 
 
-def fresh():
-    return types.FunctionType(launchy.__code__, launchy.__globals__, "launchy")
-
-
 def run(seq_off, sync=False, gpu=True, calls=200):
-    fn = fresh()
+    fn = fresh(launchy)
     orig = lineprof_kernels.cuda.sequence_counter
     if seq_off:
         lineprof_kernels.cuda.sequence_counter = lambda: lambda: 0
     try:
         p = GpuLineProfiler(sync=sync, gpu=gpu)
         p.add_target(fn)
-        ctx = p.session()
-        fn(small)
-        torch.cuda.synchronize()
-        with ctx:
-            fn(small)
-            torch.cuda.synchronize()
-            s = time.perf_counter()
-            for _ in range(calls):
-                fn(small)
-            torch.cuda.synchronize()
-            return (time.perf_counter() - s) * 1e3 / calls
+        return ms_per_call(fn, (small,), calls, p.session())
     finally:
         lineprof_kernels.cuda.sequence_counter = orig
 
 
 def base(calls=200):
-    fn = fresh()
-    fn(small)
-    torch.cuda.synchronize()
-    s = time.perf_counter()
-    for _ in range(calls):
-        fn(small)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - s) * 1e3 / calls
+    return ms_per_call(fresh(launchy), (small,), calls, None)
 
 
 res = {}
