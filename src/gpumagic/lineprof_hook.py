@@ -11,9 +11,9 @@ measures its own cost so the profiler can subtract it. :func:`statement_lines` a
 callers). All CUDA calls go through :mod:`gpumagic.cuda`.
 
 With ``--gpu`` alone (no synchronize, no allocator: the boundary calls nothing of CUDA)
-the installer switches, once the hook is armed, to callbacks that only append a
-:data:`RawEvent` to :attr:`BoundaryHook.raw`; :meth:`BoundaryHook.finish` replays them
-through the same bookkeeping as the live boundary (:meth:`BoundaryHook._advance`).
+the installer switches, once the hook is armed, to callbacks that only record each
+boundary (:mod:`gpumagic.lineprof_raw`); :meth:`BoundaryHook.finish` replays them through
+the live boundary's bookkeeping (:meth:`BoundaryHook._advance`).
 """
 
 from __future__ import annotations
@@ -33,22 +33,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import CodeType, FrameType
 
+    from gpumagic.lineprof_raw import RawEvent
     from gpumagic.lineprof_record import Marks, Record
     from gpumagic.lineprof_timeline import LineEvent
 
 __all__ = [
     "CALIBRATION_CODE",
     "BoundaryHook",
-    "RawEvent",
     "calibration_frame",
     "peak_above",
     "statement_lines",
 ]
-
-#: One boundary as the fast callbacks record it: ``(ns at entry, thread, frame key,
-#: code, line, autograd sequence number, ns at exit)``; ``line`` 0: the frame left
-#: (return, yield, raise); ``code`` None: a synchronizing-call warning arrived.
-RawEvent = tuple[int, int, int, "CodeType | None", int, int, int]
 
 
 class _Open:
@@ -228,20 +223,6 @@ class BoundaryHook:
     def note_thread(self, tid: int) -> None:
         """A raw callback saw thread ``tid`` (the calling thread) for the first time."""
         self.natives[tid] = get_native_id()
-
-    def measure_raw_residual(self, call: Callable[[bool], None], scratch: list[RawEvent]) -> None:
-        """What a raw callback costs beyond the span its event records, measured around
-        ``call`` (a raw boundary on :data:`CALIBRATION_CODE` appended to ``scratch``)."""
-        clock = time.perf_counter_ns
-        samples = []
-        for index in range(400):
-            t = clock()
-            call(index % 2 == 0)
-            event = scratch[-1]
-            samples.append(clock() - t - (event[6] - event[0]))
-        scratch.clear()
-        samples.sort()
-        self.raw_residual = max(0, samples[len(samples) // 2])
 
     def replay(self) -> None:
         """Run the raw record through the live boundary's bookkeeping, in the order it

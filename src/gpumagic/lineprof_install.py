@@ -17,18 +17,13 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.lineprof_hook import CALIBRATION_CODE, BoundaryHook, calibration_frame
+from gpumagic.lineprof_raw import Callbacks, measure_raw_residual, raw_callbacks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType, FrameType
 
-    from gpumagic.lineprof_hook import RawEvent
-
-_Callbacks = tuple[
-    "Callable[[CodeType, int], None]",
-    "Callable[[CodeType, int, Any], None]",
-    "Callable[[CodeType, int, BaseException], None]",
-]
+    from gpumagic.lineprof_raw import RawEvent
 
 __all__ = [
     "MonitoringInstaller",
@@ -89,7 +84,7 @@ class MonitoringInstaller:
         # Exception events cannot be local; line_profiler listens to them globally too.
         mon.set_events(tool, events.RAISE | events.RERAISE)
 
-    def _register(self, callbacks: _Callbacks) -> None:
+    def _register(self, callbacks: Callbacks) -> None:
         """Make ``callbacks`` (line, exit, raise) the tool's."""
         mon: Any = getattr(sys, "monitoring")  # noqa: B009 (absent before 3.12)
         events = mon.events
@@ -107,7 +102,7 @@ class MonitoringInstaller:
         hook = self.hook
         codes = frozenset(self.codes)
         scratch: list[RawEvent] = []
-        on_line, on_exit, _ = _raw_callbacks(hook, scratch, codes)
+        on_line, on_exit, _ = raw_callbacks(hook, scratch, codes)
 
         def calibrate(opening: bool) -> None:
             if opening:
@@ -115,9 +110,9 @@ class MonitoringInstaller:
             else:
                 on_exit(CALIBRATION_CODE, 0, None)
 
-        hook.measure_raw_residual(calibrate, scratch)
+        hook.raw_residual = measure_raw_residual(calibrate, scratch)
         if self.tool is not None and hook.raw is not None:
-            self._register(_raw_callbacks(hook, hook.raw, codes))
+            self._register(raw_callbacks(hook, hook.raw, codes))
 
     def uninstall(self) -> None:
         tool = self.tool
@@ -142,7 +137,7 @@ class MonitoringInstaller:
             self.tool = None
 
 
-def _live_callbacks(hook: BoundaryHook, codes: frozenset[CodeType]) -> _Callbacks:
+def _live_callbacks(hook: BoundaryHook, codes: frozenset[CodeType]) -> Callbacks:
     """sys.monitoring's line, exit and raise callbacks calling the hook's boundary."""
     boundary = hook.boundary
     getframe = sys._getframe
@@ -159,44 +154,6 @@ def _live_callbacks(hook: BoundaryHook, codes: frozenset[CodeType]) -> _Callback
             if isinstance(exc, KeyboardInterrupt):
                 hook.interrupted = True
             boundary(clock(), code, 0, id(getframe(1)), False)
-
-    return on_line, on_exit, on_raise
-
-
-def _raw_callbacks(
-    hook: BoundaryHook, raw: list[RawEvent], codes: frozenset[CodeType]
-) -> _Callbacks:
-    """sys.monitoring's line, exit and raise callbacks appending to ``raw`` only."""
-    append = raw.append
-    seq = hook.raw_seq
-    natives = hook.natives
-    note = hook.note_thread
-    getframe = sys._getframe
-    clock = time.perf_counter_ns
-
-    def on_line(code: CodeType, line: int) -> None:
-        t0 = clock()
-        tid = get_ident()
-        if tid not in natives:
-            note(tid)
-        append((t0, tid, id(getframe(1)), code, line, seq(), clock()))
-
-    def on_exit(code: CodeType, offset: int, value: object) -> None:
-        t0 = clock()
-        tid = get_ident()
-        if tid not in natives:
-            note(tid)
-        append((t0, tid, id(getframe(1)), code, 0, seq(), clock()))
-
-    def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
-        if code in codes:
-            if isinstance(exc, KeyboardInterrupt):
-                hook.interrupted = True
-            t0 = clock()
-            tid = get_ident()
-            if tid not in natives:
-                note(tid)
-            append((t0, tid, id(getframe(1)), code, 0, seq(), clock()))
 
     return on_line, on_exit, on_raise
 
@@ -264,7 +221,7 @@ class TraceInstaller:
         bare = _make_local(hook, lambda *args: None)
         hook.raw = scratch
         try:
-            hook.measure_raw_residual(
+            hook.raw_residual = measure_raw_residual(
                 lambda opening: bare(frame, "line" if opening else "return", None), scratch
             )
         finally:
