@@ -7,7 +7,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from fake_runtime import FakeDevice
-from test_lprun_magic import Run
+from test_lprun_magic import Run, cell, snapshot
 
 from gpumagic.lineprof_hook import BoundaryHook
 from gpumagic.lineprof_install import uses_legacy_trace
@@ -101,3 +101,20 @@ def test_the_replay_gives_the_live_boundarys_table(
         # the worker's kernel, on the worker's line: its thread named by its OS id
         assert raw["worker"]["dev.launch(0.003)"][:2] == ("1", "3.0")
         assert raw["worker"]["dev.item()"] == ("1", "1")
+
+
+def test_an_interrupt_in_the_raw_record_is_seen_and_everything_restored(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = shell.user_ns["dev"] = FakeDevice().install(monkeypatch)
+    cell(shell, "def stop(dev):\n    dev.launch(0.001)\n    x = 1\n    raise KeyboardInterrupt\n")
+    before = snapshot()
+    run = Run(shell, "%lprun -f stop -u 1e-3 --gpu --no-sync stop(dev)")
+    assert snapshot() == before
+    assert dev.debug_mode == 0
+    rows = run.table("stop")
+    launch = rows["dev.launch(0.001)"]
+    assert (launch[0], launch[4]) == ("1", "1.0")  # Hits, GPU Time
+    assert rows["x = 1"][0] == "1"
+    # Interrupted: no wait for the GPU after the run (the raise event said so).
+    assert "no synchronize after the run" in run.text
