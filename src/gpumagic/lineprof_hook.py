@@ -106,8 +106,8 @@ class BoundaryHook:
         self.natives: dict[int, int] = {}
         #: the thread's next autograd sequence number, for the raw callbacks
         self.raw_seq: Callable[[], int] = int
-        #: what each raw boundary costs beyond the span its event records
-        self.raw_residual = 0
+        #: what each raw boundary costs (measured once: charged to each, in the replay)
+        self.raw_cost = 0
         #: set by the installer: switch its callbacks to the raw ones (see go_raw)
         self.go_raw: Callable[[], None] | None = None
         # The seam's functions, looked up once (tests swap them before a session).
@@ -231,9 +231,9 @@ class BoundaryHook:
         if not raw:
             return
         frames = self.frames
-        adjust = self.raw_residual
+        cost = self.raw_cost
         advance = self._advance
-        for t0, tid, key, code, line, seq, end in raw:
+        for t0, tid, key, code, line, seq in raw:
             if code is None:
                 self.warned += 1
                 continue
@@ -243,7 +243,7 @@ class BoundaryHook:
                     state = None
                 else:
                     state.info.extra(state.line).syncs += self.warned - state.syncs
-            advance(t0, tid, key, code, line, line != 0, state, None, seq, end, adjust)
+            advance(t0, tid, key, code, line, line != 0, state, None, seq, t0, cost)
 
     def _cuda_boundary(self, state: _Open | None) -> tuple[int, dict[int, Marks] | None]:
         """Synchronize, read the allocator; close the line's syncs and memory figures."""
@@ -436,7 +436,7 @@ class BoundaryHook:
                     if raw is None:
                         self.warned += 1
                     else:  # charged to its line by the replay, in its place
-                        raw.append((time.perf_counter_ns(), get_ident(), 0, None, 0, 0, 0))
+                        raw.append((time.perf_counter_ns(), get_ident(), 0, None, 0, 0))
                     if self.mode_before == 1:  # the user asked for these warnings
                         shown(message, category, filename, lineno, file, line)
                     return

@@ -17,7 +17,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.lineprof_hook import CALIBRATION_CODE, BoundaryHook, calibration_frame
-from gpumagic.lineprof_raw import Callbacks, measure_raw_residual, raw_callbacks
+from gpumagic.lineprof_raw import Callbacks, measure_raw_cost, raw_callbacks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,7 +110,7 @@ class MonitoringInstaller:
             else:
                 on_exit(CALIBRATION_CODE, 0, None)
 
-        hook.raw_residual = measure_raw_residual(calibrate, scratch)
+        hook.raw_cost = measure_raw_cost(calibrate, scratch)
         if self.tool is not None and hook.raw is not None:
             self._register(raw_callbacks(hook, hook.raw, codes))
 
@@ -174,7 +174,7 @@ def _make_local(hook: BoundaryHook, then: Callable[..., Any]) -> Callable[..., A
                 if tid not in natives:
                     note(tid)
                 line = frame.f_lineno if event == "line" else 0
-                raw.append((t0, tid, id(frame), frame.f_code, line, hook.raw_seq(), clock()))
+                raw.append((t0, tid, id(frame), frame.f_code, line, hook.raw_seq()))
             elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
                 hook.interrupted = True
         elif event == "line":
@@ -221,7 +221,7 @@ class TraceInstaller:
         bare = _make_local(hook, lambda *args: None)
         hook.raw = scratch
         try:
-            hook.raw_residual = measure_raw_residual(
+            hook.raw_cost = measure_raw_cost(
                 lambda opening: bare(frame, "line" if opening else "return", None), scratch
             )
         finally:

@@ -1,8 +1,9 @@
 """``%lprun --gpu`` alone, once armed: each line boundary recorded raw (see
 :mod:`gpumagic.lineprof_hook`, whose ``replay`` runs the record through the live
 boundary's bookkeeping after the run). The callbacks here only append one
-:data:`RawEvent` each: two clock reads, the thread, the frame, the autograd sequence
-number. Nothing here calls CUDA.
+:data:`RawEvent` each: a clock read, the thread, the frame, the autograd sequence
+number; what one costs is measured once (:func:`measure_raw_cost`) and charged to every
+boundary, as the live hook charges what it measured. Nothing here calls CUDA.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType
 
-__all__ = ["Callbacks", "RawEvent", "Recorder", "measure_raw_residual", "raw_callbacks"]
+__all__ = ["Callbacks", "RawEvent", "Recorder", "measure_raw_cost", "raw_callbacks"]
 
 #: One boundary: ``(ns at entry, thread, frame key, code, line, autograd sequence
-#: number, ns at exit)``; ``line`` 0: the frame left (return, yield, raise); ``code``
-#: None: a synchronizing-call warning arrived (the rest unused but the time and thread).
-RawEvent = tuple[int, int, int, "CodeType | None", int, int, int]
+#: number)``; ``line`` 0: the frame left (return, yield, raise); ``code`` None: a
+#: synchronizing-call warning arrived (the rest unused but the time and thread).
+RawEvent = tuple[int, int, int, "CodeType | None", int, int]
 
 #: sys.monitoring's line, exit (return, yield) and raise callbacks.
 Callbacks = tuple[
@@ -57,14 +58,14 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
         tid = get_ident()
         if tid not in natives:
             note(tid)
-        append((t0, tid, id(getframe(1)), code, line, seq(), clock()))
+        append((t0, tid, id(getframe(1)), code, line, seq()))
 
     def on_exit(code: CodeType, offset: int, value: object) -> None:
         t0 = clock()
         tid = get_ident()
         if tid not in natives:
             note(tid)
-        append((t0, tid, id(getframe(1)), code, 0, seq(), clock()))
+        append((t0, tid, id(getframe(1)), code, 0, seq()))
 
     def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
         if code in codes:
@@ -74,22 +75,22 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
             tid = get_ident()
             if tid not in natives:
                 note(tid)
-            append((t0, tid, id(getframe(1)), code, 0, seq(), clock()))
+            append((t0, tid, id(getframe(1)), code, 0, seq()))
 
     return on_line, on_exit, on_raise
 
 
-def measure_raw_residual(call: Callable[[bool], None], scratch: list[RawEvent]) -> int:
-    """What a raw callback costs beyond the span its event records (entering it, the
-    append, leaving it, handing over to line_profiler), measured around ``call`` (a raw
-    boundary appended to ``scratch``, emptied after): the median, in ns."""
+def measure_raw_cost(call: Callable[[bool], None], scratch: list[RawEvent]) -> int:
+    """What one raw callback costs, all of it (entering it, the append, leaving it),
+    measured around ``call`` (a raw boundary appended to ``scratch``, emptied after):
+    the median, in ns. A pause within one (another thread holding the interpreter)
+    stays billed to the line, as it would be without the hook."""
     clock = time.perf_counter_ns
     samples = []
     for index in range(400):
         t = clock()
         call(index % 2 == 0)
-        event = scratch[-1]
-        samples.append(clock() - t - (event[6] - event[0]))
+        samples.append(clock() - t)
     scratch.clear()
     samples.sort()
     return max(0, samples[len(samples) // 2])
