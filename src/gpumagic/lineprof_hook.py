@@ -6,9 +6,8 @@ waits for it), counts the synchronizing calls torch reports, reads the allocator
 counters and, for ``--gpu``, records when each line ran and the thread's next autograd
 sequence number then (no CUDA event, no wait:
 :mod:`gpumagic.lineprof_kernels` charges each kernel to its line after the run); it
-measures its own cost so the profiler can subtract it. :func:`statement_lines` and
-:func:`peak_above` live in :mod:`gpumagic.lineprof_record` (named here for their
-callers). All CUDA calls go through :mod:`gpumagic.cuda`.
+measures its own cost so the profiler can subtract it. All CUDA calls go through
+:mod:`gpumagic.cuda`; :func:`statement_lines` and :func:`peak_above` are lineprof_record's.
 
 With ``--gpu`` alone (no synchronize, no allocator: the boundary calls nothing of CUDA)
 the installer switches, once the hook is armed, to callbacks that only record each
@@ -138,8 +137,6 @@ class BoundaryHook:
         seq = 0 if kernels is None else kernels.sequence_nr()
         adjust = self.residual - max(0, waited - self.floor)
         self._advance(t0, get_ident(), key, code, line, opening, state, marks, seq, 0, adjust)
-        if self.raw is None and self.timeline_only and self.armed and self.go_raw is not None:
-            self._start_raw(self.go_raw)
 
     def _advance(  # noqa: PLR0917 (the hot path: one call, no packing)
         self,
@@ -218,7 +215,11 @@ class BoundaryHook:
         kernels = self.kernels
         self.raw_seq = int if kernels is None else kernels.sequence_nr
         self.raw = []
-        go_raw()
+        try:
+            go_raw()
+        except BaseException:
+            self.raw = None
+            raise
 
     def note_thread(self, tid: int) -> None:
         """A raw callback saw thread ``tid`` (the calling thread) for the first time."""
@@ -325,6 +326,8 @@ class BoundaryHook:
                     cuda.set_sync_debug_mode(1)
                     self.restore_mode = 0
                 self._start_kernels()
+                if self.timeline_only and self.go_raw is not None:
+                    self._start_raw(self.go_raw)  # within this boundary: its cost is ours
         except Exception as exc:
             self._fail(exc)
             return False
