@@ -118,3 +118,19 @@ def test_an_interrupt_in_the_raw_record_is_seen_and_everything_restored(
     assert rows["x = 1"][0] == "1"
     # Interrupted: no wait for the GPU after the run (the raise event said so).
     assert "no synchronize after the run" in run.text
+
+
+def test_the_raw_records_own_cost_is_subtracted(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shell.user_ns["dev"] = FakeDevice().install(monkeypatch)
+    cell(
+        shell, "def busy(dev, n):\n    dev.launch(0.001)\n    for i in range(n):\n        n += i\n"
+    )
+    run = Run(shell, "prof = %lprun -r -f busy --gpu --no-sync busy(dev, 2000)")
+    assert run.result.success
+    prof = shell.user_ns["prof"]
+    ((_, raw),) = prof.raw_stats().timings.items()
+    ((_, corrected),) = prof.get_stats().timings.items()
+    assert [hits for _, hits, _ in raw] == [hits for _, hits, _ in corrected]
+    assert sum(t for _, _, t in corrected) < sum(t for _, _, t in raw)
