@@ -35,13 +35,14 @@ from line_profiler import LineProfiler, LineStats
 from line_profiler._line_profiler import label as _code_label
 
 from gpumagic import cuda
-from gpumagic.lineprof_hook import BoundaryHook, CodeInfo, Label, LineExtras, Record
+from gpumagic.lineprof_hook import BoundaryHook
 from gpumagic.lineprof_install import (
     MonitoringInstaller,
     TraceInstaller,
     restore_trace,
     uses_legacy_trace,
 )
+from gpumagic.lineprof_record import CodeInfo, Label, LineExtras, Record
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -6,124 +6,43 @@ waits for it), counts the synchronizing calls torch reports, reads the allocator
 counters and, for ``--gpu``, records when each line ran and the thread's next autograd
 sequence number then (no CUDA event, no wait:
 :mod:`gpumagic.lineprof_kernels` charges each kernel to its line after the run); it
-measures its own cost so the profiler can subtract it. :func:`statement_lines` maps
-multi-line statements to their first line. All CUDA calls go through :mod:`gpumagic.cuda`.
+measures its own cost so the profiler can subtract it. All CUDA calls go through
+:mod:`gpumagic.cuda`; :func:`statement_lines` and :func:`peak_above` are lineprof_record's.
+
+With ``--gpu`` alone (no synchronize, no allocator: the boundary calls nothing of CUDA)
+the installer switches, once the hook is armed, to callbacks that only record each
+boundary (:mod:`gpumagic.lineprof_raw`); :meth:`BoundaryHook.finish` replays them through
+the live boundary's bookkeeping (:meth:`BoundaryHook._advance`).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import inspect
-import linecache
 import sys
-import textwrap
 import time
 import warnings
-from dataclasses import dataclass, field
-from threading import get_ident
+from threading import get_ident, get_native_id
 from typing import TYPE_CHECKING, Any
 
-from line_profiler._line_profiler import label as _code_label
-
 from gpumagic import cuda
-from gpumagic.lineprof_kernels import KernelLines, TraceCost
+from gpumagic.lineprof_kernels import KernelLines
+from gpumagic.lineprof_record import CodeInfo, peak_above, statement_lines
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import CodeType, FrameType
 
-    from gpumagic.lineprof_attribution import GpuAttribution
+    from gpumagic.lineprof_raw import RawEvent
+    from gpumagic.lineprof_record import Marks, Record
     from gpumagic.lineprof_timeline import LineEvent
 
 __all__ = [
     "CALIBRATION_CODE",
     "BoundaryHook",
-    "CodeInfo",
-    "Label",
-    "LineExtras",
-    "Marks",
-    "Record",
     "calibration_frame",
     "peak_above",
     "statement_lines",
 ]
-
-Label = tuple[str, int, str]
-Marks = tuple[int, int, int, int]
-
-
-@dataclass
-class LineExtras:
-    """What gpumagic measured for one line beside line_profiler's hits and time.
-
-    Everything is inclusive, like line_profiler's time: a line that calls a function
-    also carries the synchronizing calls and allocations of that call.
-    """
-
-    syncs: int = 0
-    mem_delta: int = 0
-    mem_peak: int = 0
-    mem_peak_bound: bool = False
-    mem_hits: int = 0
-
-    def add(self, other: LineExtras) -> None:
-        """Fold ``other`` (another physical line of the same statement) into this one."""
-        self.syncs += other.syncs
-        self.mem_delta += other.mem_delta
-        self.mem_hits += other.mem_hits
-        if other.mem_peak > self.mem_peak:
-            self.mem_peak, self.mem_peak_bound = other.mem_peak, other.mem_peak_bound
-
-
-class CodeInfo:
-    """What the hook keeps per profiled code object (it outlives one session)."""
-
-    __slots__ = ("costs", "entries", "extras", "label", "multi", "stmts", "wheres")
-
-    def __init__(self, code: CodeType) -> None:
-        self.label: Label = _code_label(code)
-        self.stmts, self.multi = statement_lines(code)
-        #: ns of gpumagic's own work that line_profiler billed to each physical line
-        self.costs: dict[int, int] = {}
-        #: how often each multi-line statement was entered
-        self.entries: dict[int, int] = {}
-        self.extras: dict[int, LineExtras] = {}
-        #: --gpu's timeline: ``(label, statement)`` of each statement, built once
-        self.wheres: dict[int, tuple[Label, int]] = {}
-
-    def where(self, stmt: int) -> tuple[Label, int]:
-        """The timeline's ``(label, statement)`` of ``stmt`` (one tuple per statement)."""
-        found = self.wheres.get(stmt)
-        if found is None:
-            found = self.wheres[stmt] = (self.label, stmt)
-        return found
-
-    def extra(self, line: int) -> LineExtras:
-        found = self.extras.get(line)
-        if found is None:
-            found = self.extras[line] = LineExtras()
-        return found
-
-
-@dataclass
-class Record:
-    """Counters over all sessions of one profiler."""
-
-    codes: dict[CodeType, CodeInfo] = field(default_factory=dict)
-    cuda_used: bool = False
-    devices: tuple[int, ...] = ()
-    syncs: int = 0
-    capture_skips: int = 0
-    sync_floor_ns: int = 0
-    failure: str | None = None
-    hook: str = "none"
-    wall_s: float = 0.0
-    #: --gpu: each kernel charged to its line (None: no GPU work was recorded)
-    gpu: GpuAttribution | None = None
-    gpu_failure: str | None = None
-    trace_cost: TraceCost = field(default_factory=TraceCost)
-    end_syncs: int = 0  # --gpu: once after each run, for the profiler's record
 
 
 class _Open:
@@ -140,29 +59,6 @@ class _Open:
         self.spent = 0
         self.marks: dict[int, Marks] | None = None
         self.syncs = 0
-
-
-def peak_above(start: Marks, end: Marks) -> tuple[int, bool]:
-    """Highest allocation above the line's start while it ran, and whether it is exact.
-
-    Without resetting torch's peak counter (that would change what the user's
-    ``max_memory_allocated()`` says): exact when the line raised the process-wide peak,
-    or only allocated, or only freed; otherwise an upper bound from the bytes it
-    allocated.
-    """
-    a0, p0, c0, _ = start
-    a1, p1, c1, _ = end
-    if p1 > p0:
-        return p1 - a0, True
-    low = max(a0, a1)
-    allocated = c1 - c0
-    high = a0 + allocated if allocated >= 0 else p0
-    if p1 == p0:
-        high = min(high, p0)
-    else:  # someone reset the peak counters during the line
-        low = max(low, p1)
-    high = max(high, low)
-    return high - a0, high == low
 
 
 def calibration_frame() -> FrameType:
@@ -203,6 +99,16 @@ class BoundaryHook:
         self.warned = 0
         self.mode_before: int | None = None
         self.restore_mode: int | None = None
+        #: --gpu alone, once armed: the boundaries recorded raw, replayed by finish()
+        self.raw: list[RawEvent] | None = None
+        #: the native id of each thread seen in :attr:`raw` (CUPTI names threads so)
+        self.natives: dict[int, int] = {}
+        #: the thread's next autograd sequence number, for the raw callbacks
+        self.raw_seq: Callable[[], int] = int
+        #: what each raw boundary costs (measured once: charged to each, in the replay)
+        self.raw_cost = 0
+        #: set by the installer: switch its callbacks to the raw ones (see go_raw)
+        self.go_raw: Callable[[], None] | None = None
         # The seam's functions, looked up once (tests swap them before a session).
         self._devices_with_context = cuda.devices_with_context
         self._visible_device_total = cuda.visible_device_total
@@ -212,9 +118,7 @@ class BoundaryHook:
 
     # -- the boundary ---------------------------------------------------------------
 
-    def boundary(  # noqa: PLR0915 (the hot path: inlined on purpose)
-        self, t0: int, code: CodeType, line: int, key: int, opening: bool
-    ) -> None:
+    def boundary(self, t0: int, code: CodeType, line: int, key: int, opening: bool) -> None:
         """A LINE (``opening``) or an exit event (return, yield, raise) in the profiled
         frame ``key``, seen at ``t0``; mirrors line_profiler's per-frame bookkeeping."""
         state = self.frames.get(key)
@@ -229,7 +133,28 @@ class BoundaryHook:
                     state.info.extra(state.line).syncs += self.warned - state.syncs
             else:
                 waited, marks = self._cuda_boundary(state)
-        tid = get_ident()
+        kernels = self.kernels
+        seq = 0 if kernels is None else kernels.sequence_nr()
+        adjust = self.residual - max(0, waited - self.floor)
+        self._advance(t0, get_ident(), key, code, line, opening, state, marks, seq, 0, adjust)
+
+    def _advance(  # noqa: PLR0917 (the hot path: one call, no packing)
+        self,
+        t0: int,
+        tid: int,
+        key: int,
+        code: CodeType,
+        line: int,
+        opening: bool,
+        state: _Open | None,
+        marks: dict[int, Marks] | None,
+        seq: int,
+        end: int,
+        adjust: int,
+    ) -> None:
+        """The bookkeeping of one boundary, live or replayed: the frame's line, the
+        statement entered, the timeline event, and the hook's cost (``end - t0 +
+        adjust``; ``end`` 0: now) charged to the line it closes."""
         if opening:
             if state is None:
                 state = self.frames[key] = _Open(code, self.codes[code], tid)
@@ -252,7 +177,7 @@ class BoundaryHook:
                 else:
                     events = self._timeline(kernels, tid)
                 where = info.wheres.get(stmt) or info.where(stmt)
-                events.append((t0, key, where, kernels.sequence_nr()))
+                events.append((t0, key, where, seq))
         elif state is None:
             prior = -1
         else:
@@ -262,9 +187,9 @@ class BoundaryHook:
             del self.frames[key]
             kernels = self.kernels
             if kernels is not None:
-                self._timeline(kernels, tid).append((t0, key, None, kernels.sequence_nr()))
+                self._timeline(kernels, tid).append((t0, key, None, seq))
         spent = self.spent.get(tid, 0)
-        cost = time.perf_counter_ns() - t0 - max(0, waited - self.floor) + self.residual
+        cost = (end or time.perf_counter_ns()) - t0 + adjust
         if prior >= 0:
             costs = info.costs
             costs[closed] = costs.get(closed, 0) + spent - prior + cost
@@ -280,8 +205,46 @@ class BoundaryHook:
         if tid != self.timeline_thread or kernels is not self.timeline_of:
             self.timeline_of = kernels
             self.timeline_thread = tid
-            self.timeline_events = kernels.thread_events(tid)
+            self.timeline_events = kernels.thread_events(tid, self.natives.get(tid))
         return self.timeline_events
+
+    # -- the raw record (--gpu alone) -------------------------------------------------
+
+    def _start_raw(self, go_raw: Callable[[], None]) -> None:
+        """From now on the installer's callbacks only record each boundary raw."""
+        kernels = self.kernels
+        self.raw_seq = int if kernels is None else kernels.sequence_nr
+        self.raw = []
+        try:
+            go_raw()
+        except BaseException:
+            self.raw = None
+            raise
+
+    def note_thread(self, tid: int) -> None:
+        """A raw callback saw thread ``tid`` (the calling thread) for the first time."""
+        self.natives[tid] = get_native_id()
+
+    def replay(self) -> None:
+        """Run the raw record through the live boundary's bookkeeping, in the order it
+        was recorded (every thread's boundaries and warnings interleaved as they came)."""
+        raw, self.raw = self.raw, None
+        if not raw:
+            return
+        frames = self.frames
+        cost = self.raw_cost
+        advance = self._advance
+        for t0, tid, key, code, line, seq in raw:
+            if code is None:
+                self.warned += 1
+                continue
+            state = frames.get(key)
+            if state is not None:
+                if state.code is not code:
+                    state = None
+                else:
+                    state.info.extra(state.line).syncs += self.warned - state.syncs
+            advance(t0, tid, key, code, line, line != 0, state, None, seq, t0, cost)
 
     def _cuda_boundary(self, state: _Open | None) -> tuple[int, dict[int, Marks] | None]:
         """Synchronize, read the allocator; close the line's syncs and memory figures."""
@@ -313,18 +276,7 @@ class BoundaryHook:
         extras = state.info.extra(state.line)
         extras.syncs += self.warned - state.syncs
         if marks is not None and state.marks is not None:
-            delta = peak = 0
-            exact = True
-            for device, end in marks.items():
-                start = state.marks.get(device, (0, 0, 0, 0))
-                delta += end[0] - start[0]
-                above, known = peak_above(start, end)
-                peak += above
-                exact = exact and known
-            extras.mem_delta += delta
-            extras.mem_hits += 1
-            if peak > extras.mem_peak or (peak == extras.mem_peak and exact):
-                extras.mem_peak, extras.mem_peak_bound = peak, not exact
+            extras.add_memory(state.marks, marks)
 
     def measure_residual(self, call: Callable[[bool], None]) -> None:
         """How much of each boundary the hook cannot time itself (entering and leaving
@@ -374,6 +326,8 @@ class BoundaryHook:
                     cuda.set_sync_debug_mode(1)
                     self.restore_mode = 0
                 self._start_kernels()
+                if self.timeline_only and self.go_raw is not None:
+                    self._start_raw(self.go_raw)  # within this boundary: its cost is ours
         except Exception as exc:
             self._fail(exc)
             return False
@@ -430,29 +384,39 @@ class BoundaryHook:
         self.armable = False
 
     def finish(self) -> None:
-        """After the run: charge the recorded GPU work to its lines, put the sync debug
-        mode back."""
-        kernels, self.kernels = self.kernels, None
+        """After the run: replay the raw record, charge the recorded GPU work to its
+        lines, put the sync debug mode back."""
         record = self.record
         try:
-            if kernels is not None:
-                found = kernels.finish(wait=not self.interrupted)
-                record.end_syncs += not self.interrupted
-                if record.gpu is None:
-                    record.gpu = found
-                else:
-                    record.gpu.add(found)
-                cost = record.trace_cost
-                cost.start_s += kernels.cost.start_s
-                cost.stop_s += kernels.cost.stop_s
-                cost.match_s += kernels.cost.match_s
-        except Exception as exc:
-            record.gpu_failure = f"the GPU work could not be read: {type(exc).__name__}: {exc}"
+            if self.raw is not None:
+                started = time.perf_counter()
+                self.replay()
+                record.trace_cost.replay_s += time.perf_counter() - started
+            self._finish_kernels()
         finally:
             if self.restore_mode is not None:
                 with contextlib.suppress(Exception):
                     cuda.set_sync_debug_mode(self.restore_mode)
                 self.restore_mode = None
+
+    def _finish_kernels(self) -> None:
+        kernels, self.kernels = self.kernels, None
+        if kernels is None:
+            return
+        record = self.record
+        try:
+            found = kernels.finish(wait=not self.interrupted)
+            record.end_syncs += not self.interrupted
+            if record.gpu is None:
+                record.gpu = found
+            else:
+                record.gpu.add(found)
+            cost = record.trace_cost
+            cost.start_s += kernels.cost.start_s
+            cost.stop_s += kernels.cost.stop_s
+            cost.match_s += kernels.cost.match_s
+        except Exception as exc:
+            record.gpu_failure = f"the GPU work could not be read: {type(exc).__name__}: {exc}"
 
     @contextlib.contextmanager
     def counting_sync_warnings(self) -> Iterator[None]:
@@ -471,7 +435,11 @@ class BoundaryHook:
                 line: str | None = None,
             ) -> None:
                 if str(message).startswith(cuda.SYNC_WARNING_MESSAGE):
-                    self.warned += 1
+                    raw = self.raw
+                    if raw is None:
+                        self.warned += 1
+                    else:  # charged to its line by the replay, in its place
+                        raw.append((time.perf_counter_ns(), get_ident(), 0, None, 0, 0))
                     if self.mode_before == 1:  # the user asked for these warnings
                         shown(message, category, filename, lineno, file, line)
                     return
@@ -479,43 +447,3 @@ class BoundaryHook:
 
             warnings.showwarning = showwarning
             yield
-
-
-# -- statements ---------------------------------------------------------------------
-
-
-def statement_lines(code: CodeType) -> tuple[dict[int, int], frozenset[int]]:
-    """Map each physical line of a multi-line statement (or compound-statement header)
-    of ``code``'s source to the statement's first line; also the set of first lines.
-
-    Empty when the source cannot be found or parsed (lambdas, ``exec`` strings).
-    """
-    lines = linecache.getlines(code.co_filename)
-    first = code.co_firstlineno
-    if not lines or first > len(lines):
-        return {}, frozenset()
-    try:
-        block = inspect.getblock(lines[first - 1 :])
-        tree = ast.parse(textwrap.dedent("".join(block)))
-    except (SyntaxError, IndentationError, ValueError, TypeError, IndexError):
-        return {}, frozenset()
-    mapping: dict[int, int] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt):
-            continue
-        start = node.lineno
-        decorators = getattr(node, "decorator_list", None)
-        if decorators:
-            start = min([start, *(d.lineno for d in decorators)])
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-            end = body[0].lineno - 1  # the header of a compound statement
-        elif isinstance(node, ast.Match) and node.cases:
-            end = node.cases[0].pattern.lineno - 1
-        else:
-            end = node.end_lineno or node.lineno
-        if end <= start:
-            continue
-        for physical in range(start, end + 1):
-            mapping.setdefault(physical + first - 1, start + first - 1)
-    return mapping, frozenset(mapping.values())

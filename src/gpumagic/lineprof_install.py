@@ -4,19 +4,26 @@
   (CPython calls tools from the highest id down): :class:`MonitoringInstaller`.
 * Python 3.11, or ``LINE_PROFILER_CORE=legacy``: a trace function wrapped around
   line_profiler's, which calls it after the hook: :class:`TraceInstaller`.
+
+With ``--gpu`` alone, once the hook is armed, both switch to callbacks that only record
+each boundary raw (:attr:`BoundaryHook.raw`), replayed after the run.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.lineprof_hook import CALIBRATION_CODE, BoundaryHook, calibration_frame
+from gpumagic.lineprof_raw import Callbacks, measure_raw_cost, raw_callbacks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType, FrameType
+
+    from gpumagic.lineprof_raw import RawEvent
 
 __all__ = [
     "MonitoringInstaller",
@@ -60,22 +67,7 @@ class MonitoringInstaller:
                 "to run before line_profiler (id 2). Free one, or use --no-sync."
             )
         hook = self.hook
-        boundary = hook.boundary
-        codes = set(self.codes)
-        getframe = sys._getframe
-        clock = time.perf_counter_ns
-
-        def on_line(code: CodeType, line: int) -> None:
-            boundary(clock(), code, line, id(getframe(1)), True)
-
-        def on_exit(code: CodeType, offset: int, value: object) -> None:
-            boundary(clock(), code, 0, id(getframe(1)), False)
-
-        def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
-            if code in codes:
-                if isinstance(exc, KeyboardInterrupt):
-                    hook.interrupted = True
-                boundary(clock(), code, 0, id(getframe(1)), False)
+        on_line, on_exit, _ = callbacks = _live_callbacks(hook, frozenset(self.codes))
 
         def calibrate(opening: bool) -> None:
             if opening:
@@ -84,17 +76,43 @@ class MonitoringInstaller:
                 on_exit(CALIBRATION_CODE, 0, None)
 
         hook.measure_residual(calibrate)
-        tool = self.tool
-        mon.register_callback(tool, events.LINE, on_line)
-        mon.register_callback(tool, events.PY_RETURN, on_exit)
-        mon.register_callback(tool, events.PY_YIELD, on_exit)
-        mon.register_callback(tool, events.RAISE, on_raise)
-        mon.register_callback(tool, events.RERAISE, on_raise)
+        self._register(callbacks)
+        hook.go_raw = self.go_raw
         local = events.LINE | events.PY_RETURN | events.PY_YIELD
         for code in self.codes:
             mon.set_local_events(tool, code, local)
         # Exception events cannot be local; line_profiler listens to them globally too.
         mon.set_events(tool, events.RAISE | events.RERAISE)
+
+    def _register(self, callbacks: Callbacks) -> None:
+        """Make ``callbacks`` (line, exit, raise) the tool's."""
+        mon: Any = getattr(sys, "monitoring")  # noqa: B009 (absent before 3.12)
+        events = mon.events
+        tool = self.tool
+        on_line, on_exit, on_raise = callbacks
+        mon.register_callback(tool, events.LINE, on_line)
+        mon.register_callback(tool, events.PY_RETURN, on_exit)
+        mon.register_callback(tool, events.PY_YIELD, on_exit)
+        mon.register_callback(tool, events.RAISE, on_raise)
+        mon.register_callback(tool, events.RERAISE, on_raise)
+
+    def go_raw(self) -> None:
+        """Switch to callbacks that only append each boundary to the hook's raw record
+        (called by the hook once armed, with ``--gpu`` alone)."""
+        hook = self.hook
+        codes = frozenset(self.codes)
+        scratch: list[RawEvent] = []
+        on_line, on_exit, _ = raw_callbacks(hook, scratch, codes)
+
+        def calibrate(opening: bool) -> None:
+            if opening:
+                on_line(CALIBRATION_CODE, 1)
+            else:
+                on_exit(CALIBRATION_CODE, 0, None)
+
+        hook.raw_cost = measure_raw_cost(calibrate, scratch)
+        if self.tool is not None and hook.raw is not None:
+            self._register(raw_callbacks(hook, hook.raw, codes))
 
     def uninstall(self) -> None:
         tool = self.tool
@@ -119,13 +137,47 @@ class MonitoringInstaller:
             self.tool = None
 
 
+def _live_callbacks(hook: BoundaryHook, codes: frozenset[CodeType]) -> Callbacks:
+    """sys.monitoring's line, exit and raise callbacks calling the hook's boundary."""
+    boundary = hook.boundary
+    getframe = sys._getframe
+    clock = time.perf_counter_ns
+
+    def on_line(code: CodeType, line: int) -> None:
+        boundary(clock(), code, line, id(getframe(1)), True)
+
+    def on_exit(code: CodeType, offset: int, value: object) -> None:
+        boundary(clock(), code, 0, id(getframe(1)), False)
+
+    def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
+        if code in codes:
+            if isinstance(exc, KeyboardInterrupt):
+                hook.interrupted = True
+            boundary(clock(), code, 0, id(getframe(1)), False)
+
+    return on_line, on_exit, on_raise
+
+
 def _make_local(hook: BoundaryHook, then: Callable[..., Any]) -> Callable[..., Any]:
     """The frame-local trace function: the hook first, then ``then`` (line_profiler)."""
     boundary = hook.boundary
     clock = time.perf_counter_ns
+    natives = hook.natives
+    note = hook.note_thread
 
     def local(frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "line":
+        raw = hook.raw
+        if raw is not None:  # --gpu alone, armed: record the boundary raw
+            if event in {"line", "return"}:
+                t0 = clock()
+                tid = get_ident()
+                if tid not in natives:
+                    note(tid)
+                line = frame.f_lineno if event == "line" else 0
+                raw.append((t0, tid, id(frame), frame.f_code, line, hook.raw_seq()))
+            elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
+                hook.interrupted = True
+        elif event == "line":
             boundary(clock(), frame.f_code, frame.f_lineno, id(frame), True)
         elif event == "return":
             boundary(clock(), frame.f_code, 0, id(frame), False)
@@ -159,12 +211,29 @@ class TraceInstaller:
             lambda opening: bare(frame, "line" if opening else "return", None)
         )
 
+    def go_raw(self) -> None:
+        """Measure the raw boundary's unseen cost (the frame-local trace function then
+        records raw by itself, as :attr:`BoundaryHook.raw` is set)."""
+        hook = self.hook
+        raw = hook.raw
+        scratch: list[RawEvent] = []
+        frame = calibration_frame()
+        bare = _make_local(hook, lambda *args: None)
+        hook.raw = scratch
+        try:
+            hook.raw_cost = measure_raw_cost(
+                lambda opening: bare(frame, "line" if opening else "return", None), scratch
+            )
+        finally:
+            hook.raw = raw
+
     def install(self) -> None:
         """Wrap the trace function line_profiler has just installed."""
         manager: Any = sys.gettrace()
         if manager is None:
             raise ProfilerBusy("line_profiler did not install its trace function")
         codes = self.codes
+        self.hook.go_raw = self.go_raw
         forward_all = bool(getattr(manager, "wrap_trace", False))
         local = self.local = _make_local(self.hook, manager)
 

@@ -36,16 +36,18 @@ _MARKS = 8  # at the start and at the end of the run, for the clock fit
 class TraceCost:
     """What recording the GPU work cost, outside the profiled lines (seconds)."""
 
-    __slots__ = ("match_s", "start_s", "stop_s")
+    __slots__ = ("match_s", "replay_s", "start_s", "stop_s")
 
     def __init__(self) -> None:
         self.start_s = 0.0
         self.stop_s = 0.0
         self.match_s = 0.0
+        #: replaying the raw line boundaries into the line timeline and the line figures
+        self.replay_s = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.start_s + self.stop_s + self.match_s
+        return self.start_s + self.stop_s + self.match_s + self.replay_s
 
 
 class KernelLines:
@@ -100,12 +102,15 @@ class KernelLines:
             cuda.spin(device, 0)
         self.own.append((before, time.perf_counter_ns()))
 
-    def thread_events(self, thread: int) -> list[LineEvent]:
-        """The timeline of ``thread`` (the calling thread when it is new)."""
+    def thread_events(self, thread: int, native: int | None = None) -> list[LineEvent]:
+        """The timeline of ``thread``; ``native``: its OS id (None: ``thread`` is the
+        calling thread)."""
         events = self.events.get(thread)
         if events is None:
             events = self.events[thread] = []
-            for alias in _aliases(threading.get_native_id(), thread):
+            if native is None:
+                native = threading.get_native_id()
+            for alias in _aliases(native, thread):
                 self.os_threads[alias] = thread
         return events
 

@@ -11,7 +11,7 @@ from gpumagic.units import format_time
 if TYPE_CHECKING:
     from gpumagic.lineprof import LineProfileResult
     from gpumagic.lineprof_attribution import LineGpu
-    from gpumagic.lineprof_hook import Label
+    from gpumagic.lineprof_record import Label
 
 __all__ = ["backward_column", "kernel_notes", "line_gpu", "notes", "self_column"]
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from gpumagic.lineprof import LineProfileResult
     from gpumagic.lineprof_attribution import LineGpu
-    from gpumagic.lineprof_hook import Label, LineExtras
+    from gpumagic.lineprof_record import Label, LineExtras
 
 __all__ = ["LineProfileDisplay", "cell_sources_kept", "render_html", "render_text"]
 

@@ -1,0 +1,96 @@
+"""``%lprun --gpu`` alone, once armed: each line boundary recorded raw (see
+:mod:`gpumagic.lineprof_hook`, whose ``replay`` runs the record through the live
+boundary's bookkeeping after the run). The callbacks here only append one
+:data:`RawEvent` each: a clock read, the thread, the frame, the autograd sequence
+number; what one costs is measured once (:func:`measure_raw_cost`) and charged to every
+boundary, as the live hook charges what it measured. Nothing here calls CUDA.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from threading import get_ident
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import CodeType
+
+__all__ = ["Callbacks", "RawEvent", "Recorder", "measure_raw_cost", "raw_callbacks"]
+
+#: One boundary: ``(ns at entry, thread, frame key, code, line, autograd sequence
+#: number)``; ``line`` 0: the frame left (return, yield, raise); ``code`` None: a
+#: synchronizing-call warning arrived (the rest unused but the time and thread).
+RawEvent = tuple[int, int, int, "CodeType | None", int, int]
+
+#: sys.monitoring's line, exit (return, yield) and raise callbacks.
+Callbacks = tuple[
+    "Callable[[CodeType, int], None]",
+    "Callable[[CodeType, int, Any], None]",
+    "Callable[[CodeType, int, BaseException], None]",
+]
+
+
+class Recorder(Protocol):
+    """What the raw callbacks use of the boundary hook
+    (:class:`gpumagic.lineprof_hook.BoundaryHook`)."""
+
+    natives: dict[int, int]
+    interrupted: bool
+
+    def raw_seq(self) -> int: ...
+
+    def note_thread(self, tid: int) -> None: ...
+
+
+def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType]) -> Callbacks:
+    """sys.monitoring's line, exit and raise callbacks appending to ``raw`` only."""
+    append = raw.append
+    seq = hook.raw_seq
+    natives = hook.natives
+    note = hook.note_thread
+    getframe = sys._getframe
+    clock = time.perf_counter_ns
+
+    def on_line(code: CodeType, line: int) -> None:
+        t0 = clock()
+        tid = get_ident()
+        if tid not in natives:
+            note(tid)
+        append((t0, tid, id(getframe(1)), code, line, seq()))
+
+    def on_exit(code: CodeType, offset: int, value: object) -> None:
+        t0 = clock()
+        tid = get_ident()
+        if tid not in natives:
+            note(tid)
+        append((t0, tid, id(getframe(1)), code, 0, seq()))
+
+    def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
+        if code in codes:
+            if isinstance(exc, KeyboardInterrupt):
+                hook.interrupted = True
+            t0 = clock()
+            tid = get_ident()
+            if tid not in natives:
+                note(tid)
+            append((t0, tid, id(getframe(1)), code, 0, seq()))
+
+    return on_line, on_exit, on_raise
+
+
+def measure_raw_cost(call: Callable[[bool], None], scratch: list[RawEvent]) -> int:
+    """What one raw callback costs, all of it (entering it, the append, leaving it),
+    measured around ``call`` (a raw boundary appended to ``scratch``, emptied after):
+    the median, in ns. A pause within one (another thread holding the interpreter)
+    stays billed to the line, as it would be without the hook."""
+    clock = time.perf_counter_ns
+    samples = []
+    for index in range(400):
+        t = clock()
+        call(index % 2 == 0)
+        samples.append(clock() - t)
+    scratch.clear()
+    samples.sort()
+    return max(0, samples[len(samples) // 2])
