@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 CALLS = 5  # calls of step() per profiled run
 BUSY_N = 20_000  # iterations of the pure-Python loop (60,000 line hits)
-LAUNCH_CALLS = 20
+LAUNCH_CALLS = 100  # calls per timed run (20 gave runs of 25-60 ms: too noisy for a 10 % target)
 #: torch.profiler alone around the launch-bound loop (no line hook): with CPU ops or not
 PROFILER_ALONE = {"torch.profiler CPU+CUDA": True, "torch.profiler CUDA only": False}
 #: gpumagic's settings on the launch-bound loop and the training step

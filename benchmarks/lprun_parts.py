@@ -1,7 +1,8 @@
-"""Where ``%lprun --gpu --no-sync``'s cost goes on bench_lprun.py's launch-bound loop: the
+"""Where ``%lprun --gpu``'s cost goes on bench_lprun.py's launch-bound loop: the
 profiler alone (CUDA only; CPU ops on, then switched off as --gpu does), the line hook
-alone, both, and --gpu --no-sync with its per-boundary autograd sequence-number read
-replaced by a constant. ms per call, median of 5 interleaved trials. Needs a GPU.
+alone, both, and --gpu with its per-boundary autograd sequence-number read replaced by
+a constant; each without a synchronize at line boundaries (--no-sync) and with one (the
+default). ms per call, median of 7 trials, the order rotated each trial. Needs a GPU.
 
     python benchmarks/lprun_parts.py
 """
@@ -70,7 +71,7 @@ def run(kind):
         ctx = prof_ctx(True)
     else:
         gpu = "--gpu" in kind
-        p = GpuLineProfiler(sync=False, gpu=gpu)
+        p = GpuLineProfiler(sync="--no-sync" not in kind, gpu=gpu)
         p.add_target(f)
         ctx = p.session()
         if "+ cuda-only profiler" in kind:
@@ -87,15 +88,19 @@ kinds = [
     "hook --no-sync + cuda-only profiler",
     "--gpu --no-sync",
     "--gpu --no-sync, seq read off",
+    "hook",
+    "hook + cuda-only profiler",
+    "--gpu",
+    "--gpu, seq read off",
 ]
 res = {k: [] for k in kinds}
 orig = lineprof_kernels.cuda.sequence_counter
-for _trial in range(5):
-    for k in kinds:
+for trial in range(7):
+    for k in kinds[trial % len(kinds) :] + kinds[: trial % len(kinds)]:
         if k.endswith("seq read off"):
             lineprof_kernels.cuda.sequence_counter = lambda: lambda: 0
             try:
-                res[k].append(run("--gpu --no-sync"))
+                res[k].append(run(k.removesuffix(", seq read off")))
             finally:
                 lineprof_kernels.cuda.sequence_counter = orig
         else:
