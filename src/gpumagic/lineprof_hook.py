@@ -129,7 +129,7 @@ class BoundaryHook:
         if self.armed or (self.armable and self._arm()):
             if self.timeline_only:
                 # --gpu --no-sync: no CUDA call here; only the line's syncs to close.
-                if state is not None:
+                if state is not None and self.warned != state.syncs:
                     state.info.extra(state.line).syncs += self.warned - state.syncs
             else:
                 waited, marks = self._cuda_boundary(state)
@@ -242,7 +242,7 @@ class BoundaryHook:
             if state is not None:
                 if state.code is not code:
                     state = None
-                else:
+                elif self.warned != state.syncs:
                     state.info.extra(state.line).syncs += self.warned - state.syncs
             advance(t0, tid, key, code, line, line != 0, state, None, seq, t0, cost)
 
@@ -266,7 +266,7 @@ class BoundaryHook:
                     self.record.syncs += 1
             if self.memory:
                 marks = {d: self._marks(d) for d in self.devices}
-            if state is not None and (self.gpu or self.memory):
+            if state is not None and (self.memory or (self.gpu and self.warned != state.syncs)):
                 self._close_cuda(state, marks)
         except Exception as exc:  # a CUDA error must not break the user's code
             self._fail(exc)
