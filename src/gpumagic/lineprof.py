@@ -107,6 +107,9 @@ class LineProfileResult:
     capture_skips: int
     #: What an idle synchronize costs, in ns (measured; not charged to the lines).
     sync_floor_ns: int
+    #: Synchronizations on the idle GPU that measured the hook's own cost (not at line
+    #: boundaries, not in the profile).
+    calibration_syncs: int
     #: The CUDA error after which gpumagic stopped its own CUDA work, if any.
     failure: str | None
     #: How lines were seen: ``"sys.monitoring"``, ``"sys.settrace"`` or ``"none"``.
@@ -357,6 +360,7 @@ class GpuLineProfiler(LineProfiler):
             syncs=record.syncs,
             capture_skips=record.capture_skips,
             sync_floor_ns=record.sync_floor_ns,
+            calibration_syncs=record.calibration_syncs,
             failure=record.failure,
             hook=record.hook,
             wall_s=record.wall_s,

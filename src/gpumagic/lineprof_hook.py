@@ -9,10 +9,13 @@ sequence number then (no CUDA event, no wait:
 measures its own cost so the profiler can subtract it. All CUDA calls go through
 :mod:`gpumagic.cuda`; :func:`statement_lines` and :func:`peak_above` are lineprof_record's.
 
-With ``--gpu`` alone (no synchronize, no allocator: the boundary calls nothing of CUDA)
-the installer switches, once the hook is armed, to callbacks that only record each
-boundary (:mod:`gpumagic.lineprof_raw`); :meth:`BoundaryHook.finish` replays them through
-the live boundary's bookkeeping (:meth:`BoundaryHook._advance`).
+With ``--gpu`` and without ``--memory`` (whose allocator reads belong to each boundary)
+the installer switches, once the hook is armed, to callbacks that only synchronize
+unless ``--no-sync`` (:attr:`BoundaryHook.raw_wait`) and record each boundary
+(:mod:`gpumagic.lineprof_raw`); :meth:`BoundaryHook.finish` replays them through the live
+boundary's bookkeeping (:meth:`BoundaryHook._advance`). ``--gpu``'s line timeline holds
+an entry per boundary anyway; without it the live boundary keeps nothing per boundary,
+so a long loop's memory stays flat.
 """
 
 from __future__ import annotations
@@ -99,8 +102,11 @@ class BoundaryHook:
         self.warned = 0
         self.mode_before: int | None = None
         self.restore_mode: int | None = None
-        #: --gpu alone, once armed: the boundaries recorded raw, replayed by finish()
+        #: --gpu without --memory, once armed: the boundaries recorded raw, replayed by
+        #: finish()
         self.raw: list[RawEvent] | None = None
+        #: what a raw boundary calls first: the synchronize (None: --no-sync, or failed)
+        self.raw_wait: Callable[[], object] | None = None
         #: the native id of each thread seen in :attr:`raw` (CUPTI names threads so)
         self.natives: dict[int, int] = {}
         #: the thread's next autograd sequence number, for the raw callbacks
@@ -208,18 +214,25 @@ class BoundaryHook:
             self.timeline_events = kernels.thread_events(tid, self.natives.get(tid))
         return self.timeline_events
 
-    # -- the raw record (--gpu alone) -------------------------------------------------
+    # -- the raw record (--gpu without --memory) ----------------------------------------
 
     def _start_raw(self, go_raw: Callable[[], None]) -> None:
-        """From now on the installer's callbacks only record each boundary raw."""
+        """From now on the installer's callbacks only synchronize (unless --no-sync) and
+        record each boundary raw. The synchronizes of their calibration are not counted."""
         kernels = self.kernels
+        record = self.record
         self.raw_seq = int if kernels is None else kernels.sequence_nr
+        self.raw_wait = self._cuda_boundary if self.sync else None
         self.raw = []
+        counted = record.syncs, record.capture_skips
         try:
             go_raw()
         except BaseException:
-            self.raw = None
+            self.raw = self.raw_wait = None
             raise
+        finally:
+            record.calibration_syncs += record.syncs - counted[0]
+            record.syncs, record.capture_skips = counted
 
     def note_thread(self, tid: int) -> None:
         """A raw callback saw thread ``tid`` (the calling thread) for the first time."""
@@ -246,8 +259,10 @@ class BoundaryHook:
                     state.info.extra(state.line).syncs += self.warned - state.syncs
             advance(t0, tid, key, code, line, line != 0, state, None, seq, t0, cost)
 
-    def _cuda_boundary(self, state: _Open | None) -> tuple[int, dict[int, Marks] | None]:
-        """Synchronize, read the allocator; close the line's syncs and memory figures."""
+    def _cuda_boundary(self, state: _Open | None = None) -> tuple[int, dict[int, Marks] | None]:
+        """Synchronize, read the allocator; close the line's syncs and memory figures
+        (a raw boundary's :attr:`raw_wait`: no state, nothing to close; its wait stays
+        billed to the line it closes, as the raw cost taken off is an idle one's)."""
         waited = 0
         marks: dict[int, Marks] | None = None
         try:
@@ -326,8 +341,8 @@ class BoundaryHook:
                     cuda.set_sync_debug_mode(1)
                     self.restore_mode = 0
                 self._start_kernels()
-                if self.timeline_only and self.go_raw is not None:
-                    self._start_raw(self.go_raw)  # within this boundary: its cost is ours
+            if self.gpu and not self.memory and self.go_raw is not None:
+                self._start_raw(self.go_raw)  # within this boundary: its cost is ours
         except Exception as exc:
             self._fail(exc)
             return False
@@ -377,11 +392,13 @@ class BoundaryHook:
             samples.append(clock() - t)
         self.floor = sorted(samples)[len(samples) // 2]
         self.record.sync_floor_ns = self.floor
+        self.record.calibration_syncs += 1 + len(samples)
 
     def _fail(self, exc: Exception) -> None:
         self.record.failure = f"{type(exc).__name__}: {exc}".strip()
         self.armed = False
         self.armable = False
+        self.raw_wait = None
 
     def finish(self) -> None:
         """After the run: replay the raw record, charge the recorded GPU work to its

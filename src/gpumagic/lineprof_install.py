@@ -5,8 +5,9 @@
 * Python 3.11, or ``LINE_PROFILER_CORE=legacy``: a trace function wrapped around
   line_profiler's, which calls it after the hook: :class:`TraceInstaller`.
 
-With ``--gpu`` alone, once the hook is armed, both switch to callbacks that only record
-each boundary raw (:attr:`BoundaryHook.raw`), replayed after the run.
+With ``--gpu`` and without ``--memory``, once the hook is armed, both switch to callbacks
+that only synchronize (unless ``--no-sync``) and record each boundary raw
+(:attr:`BoundaryHook.raw`), replayed after the run.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class MonitoringInstaller:
 
     def go_raw(self) -> None:
         """Switch to callbacks that only append each boundary to the hook's raw record
-        (called by the hook once armed, with ``--gpu`` alone)."""
+        (called by the hook once armed, with ``--gpu`` and without ``--memory``)."""
         hook = self.hook
         codes = frozenset(self.codes)
         scratch: list[RawEvent] = []
@@ -167,12 +168,15 @@ def _make_local(hook: BoundaryHook, then: Callable[..., Any]) -> Callable[..., A
 
     def local(frame: FrameType, event: str, arg: Any) -> Any:
         raw = hook.raw
-        if raw is not None:  # --gpu alone, armed: record the boundary raw
+        if raw is not None:  # armed, --gpu without --memory: record the boundary raw
             if event in {"line", "return"}:
                 t0 = clock()
                 tid = get_ident()
                 if tid not in natives:
                     note(tid)
+                wait = hook.raw_wait
+                if wait is not None:
+                    wait()
                 line = frame.f_lineno if event == "line" else 0
                 raw.append((t0, tid, id(frame), frame.f_code, line, hook.raw_seq()))
             elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):

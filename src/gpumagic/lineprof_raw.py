@@ -1,9 +1,11 @@
-"""``%lprun --gpu`` alone, once armed: each line boundary recorded raw (see
+"""``%lprun --gpu`` without ``--memory``, once armed: each line boundary recorded raw (see
 :mod:`gpumagic.lineprof_hook`, whose ``replay`` runs the record through the live
-boundary's bookkeeping after the run). The callbacks here only append one
-:data:`RawEvent` each: a clock read, the thread, the frame, the autograd sequence
-number; what one costs is measured once (:func:`measure_raw_cost`) and charged to every
-boundary, as the live hook charges what it measured. Nothing here calls CUDA.
+boundary's bookkeeping after the run). The callbacks here call the hook's
+``raw_wait`` (the synchronize; none with ``--no-sync``) and append one :data:`RawEvent`
+each: a clock read, the thread, the frame, the autograd sequence number; what one costs
+on an idle GPU is measured once (:func:`measure_raw_cost`) and charged to every boundary,
+as the live hook charges what it measured: a wait for the GPU's work beyond that stays
+with the line that launched it. Nothing here calls CUDA but through ``raw_wait``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Recorder(Protocol):
 
     natives: dict[int, int]
     interrupted: bool
+    raw_wait: Callable[[], object] | None
 
     def raw_seq(self) -> int: ...
 
@@ -58,6 +61,9 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
         tid = get_ident()
         if tid not in natives:
             note(tid)
+        wait = hook.raw_wait
+        if wait is not None:
+            wait()
         append((t0, tid, id(getframe(1)), code, line, seq()))
 
     def on_exit(code: CodeType, offset: int, value: object) -> None:
@@ -65,6 +71,9 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
         tid = get_ident()
         if tid not in natives:
             note(tid)
+        wait = hook.raw_wait
+        if wait is not None:
+            wait()
         append((t0, tid, id(getframe(1)), code, 0, seq()))
 
     def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
@@ -75,6 +84,9 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
             tid = get_ident()
             if tid not in natives:
                 note(tid)
+            wait = hook.raw_wait
+            if wait is not None:
+                wait()
             append((t0, tid, id(getframe(1)), code, 0, seq()))
 
     return on_line, on_exit, on_raise

@@ -113,6 +113,7 @@ class Record:
     syncs: int = 0
     capture_skips: int = 0
     sync_floor_ns: int = 0
+    calibration_syncs: int = 0
     failure: str | None = None
     hook: str = "none"
     wall_s: float = 0.0

@@ -1,11 +1,13 @@
-"""``%lprun --gpu --no-sync`` records each line boundary raw and replays it after the
-run: the same table as the live boundary gives (CPU; the pretend GPU)."""
+"""``%lprun --gpu`` without ``--memory`` records each line boundary raw (after its
+synchronize, unless ``--no-sync``) and replays it after the run: the same table as the
+live boundary gives (CPU; the pretend GPU)."""
 
 from __future__ import annotations
 
 import textwrap
 from typing import TYPE_CHECKING
 
+import pytest
 from fake_runtime import FakeDevice
 from test_lprun_magic import Run, cell, snapshot
 
@@ -13,7 +15,6 @@ from gpumagic.lineprof_hook import BoundaryHook
 from gpumagic.lineprof_install import uses_legacy_trace
 
 if TYPE_CHECKING:
-    import pytest
     from IPython.core.interactiveshell import InteractiveShell
 
 #: threads, a generator, an exception leaving a frame, synchronizing calls (each
@@ -55,12 +56,13 @@ def main(dev):
 SHOWN = (0, 4, 5, 6, 7)
 
 
-def profile(shell: InteractiveShell) -> dict[str, dict[str, tuple[str, ...]]]:
+def profile(shell: InteractiveShell, flags: str) -> dict[str, dict[str, tuple[str, ...]]]:
     result = shell.run_cell(textwrap.dedent(SOURCE))
     assert result.success, result.error_in_exec
-    run = Run(shell, "%lprun -f main -f worker -f gen -f bad -u 1e-3 --gpu --no-sync main(dev)")
+    run = Run(shell, f"%lprun -f main -f worker -f gen -f bad -u 1e-3 {flags} main(dev)")
     assert run.result.success, run.result.error_in_exec
-    assert "--no-sync: no synchronize at line boundaries" in run.text
+    synced = "--no-sync: no synchronize at line boundaries" not in run.text
+    assert synced == ("--no-sync" not in flags)
     return {
         name: {line: tuple(row[i] for i in SHOWN if i < len(row)) for line, row in rows.items()}
         for name in ("main", "worker", "gen", "bad")
@@ -68,8 +70,9 @@ def profile(shell: InteractiveShell) -> dict[str, dict[str, tuple[str, ...]]]:
     }
 
 
+@pytest.mark.parametrize("flags", ["--gpu --no-sync", "--gpu"])
 def test_the_replay_gives_the_live_boundarys_table(
-    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, flags: str
 ) -> None:
     replayed: list[int] = []
     replay = BoundaryHook.replay
@@ -81,13 +84,13 @@ def test_the_replay_gives_the_live_boundarys_table(
     with monkeypatch.context() as patch:
         shell.user_ns["dev"] = FakeDevice().install(patch)
         patch.setattr(BoundaryHook, "replay", counting)
-        raw = profile(shell)
+        raw = profile(shell, flags)
     assert replayed
     assert replayed[0] > 20  # every boundary of main and of its callees, raw
     with monkeypatch.context() as patch:
         shell.user_ns["dev"] = FakeDevice().install(patch)
         patch.setattr(BoundaryHook, "_start_raw", lambda hook, go_raw: None)
-        live = profile(shell)
+        live = profile(shell, flags)
     assert raw == live
     main = raw["main"]
     assert main["dev.launch(0.002)"][:2] == ("1", "2.0")
@@ -134,3 +137,24 @@ def test_the_raw_records_own_cost_is_subtracted(
     ((_, corrected),) = prof.get_stats().timings.items()
     assert [hits for _, hits, _ in raw] == [hits for _, hits, _ in corrected]
     assert sum(t for _, _, t in corrected) < sum(t for _, _, t in raw)
+
+
+def test_the_default_keeps_nothing_per_boundary(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --gpu the boundary is live: no record grows with the hits of a long loop."""
+    cell(shell, "def step(dev):\n    dev.launch(0.02)\n    x = 1\n    return x\n")
+    replayed: list[int] = []
+    monkeypatch.setattr(BoundaryHook, "replay", lambda hook: replayed.append(len(hook.raw)))
+    dev = shell.user_ns["dev"] = FakeDevice().install(monkeypatch)
+    run = Run(shell, "prof = %lprun -r -f step -u 1e-3 step(dev)")
+    assert run.result.success, run.result.error_in_exec
+    prof = shell.user_ns["prof"]
+    result = prof.result()
+    assert replayed == []
+    assert result.syncs >= 3
+    assert dev.syncs == result.syncs + result.calibration_syncs
+    stats = prof.get_stats()
+    ((_, lines),) = stats.timings.items()
+    launch_ms = lines[0][2] * stats.unit * 1e3
+    assert launch_ms >= 19.5  # its 20 ms of GPU work, waited for at the next boundary

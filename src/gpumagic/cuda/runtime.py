@@ -15,7 +15,7 @@ from gpumagic.cuda.discovery import CudaUnavailable, devices, is_initialized, to
 from gpumagic.gc_pause import paused_gc
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     import torch
 
@@ -58,12 +58,16 @@ def synchronize(devices: Iterable[int | str | torch.device] | int | None = None)
     """Wait for all work queued on ``devices`` (default: the current device): a
     device-wide sync per device, all streams included (``torch.cuda.synchronize()``
     covers the current device only). Creates a context on a device without one."""
-    torch = torch_module()
+    torch = sys.modules.get("torch") or torch_module()
     if devices is None or isinstance(devices, int):
         torch.cuda.synchronize(devices)
         return
-    indices = [_index(d) for d in devices]
     native = torch._C
+    indices: Sequence[int]
+    if type(devices) is tuple and len(devices) == 1 and type(devices[0]) is int:
+        indices = cast("tuple[int]", devices)  # %lprun's line boundaries: no parsing
+    else:
+        indices = [_index(d) for d in devices]
     if len(indices) == 1 and indices[0] == native._cuda_getDevice():
         native._cuda_synchronize()  # the common case, without switching devices
         return
