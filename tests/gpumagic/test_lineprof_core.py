@@ -372,6 +372,25 @@ def test_a_failing_synchronize_stops_the_cuda_work_not_the_code(dev: FakeDevice)
     assert rows(prof, step)[2][0] == 1  # the code ran to its end
 
 
+def test_a_synchronize_failing_in_the_raw_record_stops_it_not_the_code(
+    dev: FakeDevice,
+) -> None:
+    def flaky(dev: FakeDevice) -> int:
+        dev.launch(0.001)
+        dev.sync_error = RuntimeError("pretend GPU failed")
+        dev.launch(0.001)
+        return 1
+
+    prof = profile(flaky, dev, gpu=True)  # --gpu, synchronized: the raw record
+    dev.sync_error = None
+    result = prof.result()
+    assert result.failure == "RuntimeError: pretend GPU failed"
+    # the first line's (it armed the hook: CUDA was in use) and the launch's; none after
+    assert result.syncs == 2
+    assert [hits for hits, _ in rows(prof, flaky).values()] == [1, 1, 1, 1]
+    assert dev.debug_modes_set == [1, 0]
+
+
 def test_cuda_starting_within_the_run_is_picked_up(
     dev: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
