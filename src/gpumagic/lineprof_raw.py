@@ -56,7 +56,8 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
     getframe = sys._getframe
     clock = time.perf_counter_ns
 
-    def on_line(code: CodeType, line: int) -> None:
+    def record(code: CodeType, line: int) -> None:
+        """One boundary of the caller's caller's frame (``line`` 0: it left)."""
         t0 = clock()
         tid = get_ident()
         if tid not in natives:
@@ -64,30 +65,19 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
         wait = hook.raw_wait
         if wait is not None:
             wait()
-        append((t0, tid, id(getframe(1)), code, line, seq()))
+        append((t0, tid, id(getframe(2)), code, line, seq()))
+
+    def on_line(code: CodeType, line: int) -> None:
+        record(code, line)
 
     def on_exit(code: CodeType, offset: int, value: object) -> None:
-        t0 = clock()
-        tid = get_ident()
-        if tid not in natives:
-            note(tid)
-        wait = hook.raw_wait
-        if wait is not None:
-            wait()
-        append((t0, tid, id(getframe(1)), code, 0, seq()))
+        record(code, 0)
 
     def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
         if code in codes:
             if isinstance(exc, KeyboardInterrupt):
                 hook.interrupted = True
-            t0 = clock()
-            tid = get_ident()
-            if tid not in natives:
-                note(tid)
-            wait = hook.raw_wait
-            if wait is not None:
-                wait()
-            append((t0, tid, id(getframe(1)), code, 0, seq()))
+            record(code, 0)
 
     return on_line, on_exit, on_raise
 
