@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import sys
 import time
-from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.lineprof_hook import CALIBRATION_CODE, BoundaryHook, calibration_frame
-from gpumagic.lineprof_raw import Callbacks, measure_raw_cost, raw_callbacks
+from gpumagic.lineprof_raw import Callbacks, measure_raw_cost, raw_callbacks, raw_recorder
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -159,40 +158,6 @@ def _live_callbacks(hook: BoundaryHook, codes: frozenset[CodeType]) -> Callbacks
     return on_line, on_exit, on_raise
 
 
-def _make_local(hook: BoundaryHook, then: Callable[..., Any]) -> Callable[..., Any]:
-    """The frame-local trace function: the hook first, then ``then`` (line_profiler)."""
-    boundary = hook.boundary
-    clock = time.perf_counter_ns
-    natives = hook.natives
-    note = hook.note_thread
-
-    def local(frame: FrameType, event: str, arg: Any) -> Any:
-        raw = hook.raw
-        if raw is not None:  # armed, --gpu without --memory: record the boundary raw
-            if event in {"line", "return"}:
-                t0 = clock()
-                tid = get_ident()
-                if tid not in natives:
-                    note(tid)
-                wait = hook.raw_wait
-                if wait is not None:
-                    wait()
-                line = frame.f_lineno if event == "line" else 0
-                raw.append((t0, tid, id(frame), frame.f_code, line, hook.raw_seq()))
-            elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
-                hook.interrupted = True
-        elif event == "line":
-            boundary(clock(), frame.f_code, frame.f_lineno, id(frame), True)
-        elif event == "return":
-            boundary(clock(), frame.f_code, 0, id(frame), False)
-        elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
-            hook.interrupted = True
-        then(frame, event, arg)
-        return local
-
-    return local
-
-
 class TraceInstaller:
     """Python 3.11 (and line_profiler's legacy core): a trace function around
     line_profiler's, which runs the hook first and then calls line_profiler."""
@@ -203,6 +168,34 @@ class TraceInstaller:
         self.hook = hook
         self.codes = frozenset(codes)
         self.local: Callable[..., Any] | None = None
+        #: once the hook records raw (see go_raw): what records a boundary
+        self.record: Callable[[CodeType, int, int], None] | None = None
+
+    def _make_local(self, then: Callable[..., Any]) -> Callable[..., Any]:
+        """The frame-local trace function: the hook first, then ``then`` (line_profiler)."""
+        hook = self.hook
+        boundary = hook.boundary
+        clock = time.perf_counter_ns
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            record = self.record
+            if record is not None:  # armed, --gpu without --memory: record it raw
+                if event == "line":
+                    record(frame.f_code, frame.f_lineno, id(frame))
+                elif event == "return":
+                    record(frame.f_code, 0, id(frame))
+                elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
+                    hook.interrupted = True
+            elif event == "line":
+                boundary(clock(), frame.f_code, frame.f_lineno, id(frame), True)
+            elif event == "return":
+                boundary(clock(), frame.f_code, 0, id(frame), False)
+            elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
+                hook.interrupted = True
+            then(frame, event, arg)
+            return local
+
+        return local
 
     def calibrate(self) -> None:
         """Measure the hook's unseen cost; before line_profiler is enabled (its trace
@@ -210,26 +203,25 @@ class TraceInstaller:
         hook, the part of its call before it reads its clock stays billed (a fraction of
         a µs) rather than its whole call being subtracted."""
         frame = calibration_frame()
-        bare = _make_local(self.hook, lambda *args: None)
+        bare = self._make_local(lambda *args: None)
         self.hook.measure_residual(
             lambda opening: bare(frame, "line" if opening else "return", None)
         )
 
     def go_raw(self) -> None:
-        """Measure the raw boundary's unseen cost (the frame-local trace function then
-        records raw by itself, as :attr:`BoundaryHook.raw` is set)."""
+        """Measure the raw boundary's unseen cost, then record each boundary in
+        :attr:`BoundaryHook.raw`."""
         hook = self.hook
-        raw = hook.raw
         scratch: list[RawEvent] = []
         frame = calibration_frame()
-        bare = _make_local(hook, lambda *args: None)
-        hook.raw = scratch
+        bare = self._make_local(lambda *args: None)
+        self.record = raw_recorder(hook, scratch)
         try:
             hook.raw_cost = measure_raw_cost(
                 lambda opening: bare(frame, "line" if opening else "return", None), scratch
             )
         finally:
-            hook.raw = raw
+            self.record = None if hook.raw is None else raw_recorder(hook, hook.raw)
 
     def install(self) -> None:
         """Wrap the trace function line_profiler has just installed."""
@@ -239,7 +231,7 @@ class TraceInstaller:
         codes = self.codes
         self.hook.go_raw = self.go_raw
         forward_all = bool(getattr(manager, "wrap_trace", False))
-        local = self.local = _make_local(self.hook, manager)
+        local = self.local = self._make_local(manager)
 
         def forward(frame: FrameType, event: str, arg: Any) -> Any:
             manager(frame, event, arg)
@@ -266,7 +258,9 @@ class TraceInstaller:
             frame = frame.f_back
 
     def uninstall(self) -> None:
-        """Nothing to do: line_profiler's own disable puts its predecessor back."""
+        """Stop recording raw (a frame still running goes back to the live boundary);
+        line_profiler's own disable puts its predecessor back."""
+        self.record = None
 
 
 def uses_legacy_trace() -> bool:

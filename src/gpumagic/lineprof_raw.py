@@ -19,7 +19,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType
 
-__all__ = ["Callbacks", "RawEvent", "Recorder", "measure_raw_cost", "raw_callbacks"]
+__all__ = [
+    "Callbacks",
+    "RawEvent",
+    "Recorder",
+    "measure_raw_cost",
+    "raw_callbacks",
+    "raw_recorder",
+]
 
 #: One boundary: ``(ns at entry, thread, frame key, code, line, autograd sequence
 #: number)``; ``line`` 0: the frame left (return, yield, raise); ``code`` None: a
@@ -47,17 +54,16 @@ class Recorder(Protocol):
     def note_thread(self, tid: int) -> None: ...
 
 
-def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType]) -> Callbacks:
-    """sys.monitoring's line, exit and raise callbacks appending to ``raw`` only."""
+def raw_recorder(hook: Recorder, raw: list[RawEvent]) -> Callable[[CodeType, int, int], None]:
+    """A function that records one boundary in ``raw``: ``(code, line, frame key)``,
+    ``line`` 0: the frame left (return, yield, raise)."""
     append = raw.append
     seq = hook.raw_seq
     natives = hook.natives
     note = hook.note_thread
-    getframe = sys._getframe
     clock = time.perf_counter_ns
 
-    def record(code: CodeType, line: int) -> None:
-        """One boundary of the caller's caller's frame (``line`` 0: it left)."""
+    def record(code: CodeType, line: int, key: int) -> None:
         t0 = clock()
         tid = get_ident()
         if tid not in natives:
@@ -65,19 +71,27 @@ def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType
         wait = hook.raw_wait
         if wait is not None:
             wait()
-        append((t0, tid, id(getframe(2)), code, line, seq()))
+        append((t0, tid, key, code, line, seq()))
+
+    return record
+
+
+def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType]) -> Callbacks:
+    """sys.monitoring's line, exit and raise callbacks appending to ``raw`` only."""
+    record = raw_recorder(hook, raw)
+    getframe = sys._getframe
 
     def on_line(code: CodeType, line: int) -> None:
-        record(code, line)
+        record(code, line, id(getframe(1)))
 
     def on_exit(code: CodeType, offset: int, value: object) -> None:
-        record(code, 0)
+        record(code, 0, id(getframe(1)))
 
     def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
         if code in codes:
             if isinstance(exc, KeyboardInterrupt):
                 hook.interrupted = True
-            record(code, 0)
+            record(code, 0, id(getframe(1)))
 
     return on_line, on_exit, on_raise
 
