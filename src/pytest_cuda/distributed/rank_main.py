@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pytest_cuda.leaks.limit_watch import LimitWatch
 
 __all__ = [
+    "Preloaded",
     "body_path",
     "err_path",
     "main",
@@ -82,6 +83,17 @@ def _write(path: Path, result: dict[str, Any]) -> None:
 
 
 @dataclass
+class Preloaded:
+    """What importing torch and the rest raised and printed in a fork server, before
+    it forked this rank (:mod:`pytest_cuda.distributed.forkserver_main`): the rank's
+    first job gives it back, where a rank that imported them itself would have met it."""
+
+    warnings: list[warnings.WarningMessage]
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+@dataclass
 class _Process:
     """What a rank process keeps from one test to the next."""
 
@@ -90,12 +102,16 @@ class _Process:
     generation: int | None = None
     group: Any = None
     stack_file: IO[str] | None = None
+    #: What its fork server's imports raised and printed, until its first job.
+    preloaded: Preloaded | None = None
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], preloaded: Preloaded | None = None) -> int:
+    """Run the rank's job, or (``--serve``) each job its stdin names; ``preloaded``:
+    this process was forked from a fork server that imported torch."""
     serve = argv[1] == "--serve"
     folder, rank = Path(argv[2 if serve else 1]), int(argv[3 if serve else 2])
-    process = _Process(rank)
+    process = _Process(rank, preloaded=preloaded)
     if not serve:
         _run_job(folder, process, idle=None)
     else:
@@ -126,6 +142,11 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
     rank = process.rank
     if idle is not None:
         _redirect(out_path(folder, rank), err_path(folder, rank))
+    preloaded = process.preloaded
+    if preloaded is not None:  # the first job's output begins with the imports'
+        for fd, text in ((1, preloaded.stdout), (2, preloaded.stderr)):
+            with open(fd, "wb", closefd=False) as stream:
+                stream.write(text)
     old = process.stack_file
     process.stack_file = stack_path(folder, rank).open("w")  # open for the signal handler
     if hasattr(signal, "SIGUSR1"):
@@ -149,6 +170,7 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
         else world_size,
     )
     result = _Rank(job_run, process, folder).run()
+    process.preloaded = None
     if idle is not None:  # the job's output complete before its result
         _redirect(out_path(idle, rank), err_path(idle, rank))
     _write(result_path(folder, rank), result)
@@ -179,7 +201,8 @@ class _Rank:
         self.before: RankState | None = None
         self.leak_check: LeakCheck | None = None
         self.limit: LimitWatch | None = None
-        self.warnings: list[warnings.WarningMessage] = []
+        preloaded = process.preloaded
+        self.warnings: list[warnings.WarningMessage] = list(preloaded.warnings if preloaded else ())
 
     def run(self) -> dict[str, Any]:
         try:

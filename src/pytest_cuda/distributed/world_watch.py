@@ -40,11 +40,10 @@ from pytest_cuda.distributed.launch import (
 from pytest_cuda.distributed.ranks import RankOutcome
 
 if TYPE_CHECKING:
-    import subprocess
     from pathlib import Path
 
     from pytest_cuda.distributed.job import RankJob
-    from pytest_cuda.distributed.launch import TimedOut
+    from pytest_cuda.distributed.launch import RankProcess, TimedOut
     from pytest_cuda.distributed.world import LaunchedWorld
 
 __all__ = ["ANSWER_S", "Judged", "RemoteRank", "follow", "judge"]
@@ -96,7 +95,7 @@ def _placed(outcome: RankOutcome, world: LaunchedWorld) -> RankOutcome:
 
 def judge(
     store: cuda.RunStore,
-    proc: subprocess.Popen[bytes],
+    proc: RankProcess,
     folder: Path,
     job: RankJob,
     *,
@@ -160,7 +159,7 @@ def _lost(rank: int, store: cuda.RunStore, job: RankJob) -> RankOutcome:
 
 def follow(
     store: cuda.RunStore,
-    proc: subprocess.Popen[bytes],
+    proc: RankProcess,
     folder: Path,
     job: RankJob,
     *,
