@@ -1,4 +1,5 @@
-"""Rank processes forked from fork servers that imported torch once a session.
+"""Starting a rank process: forked from a fork server that imported torch once a
+session (:func:`start_rank`), or started afresh where none can fork it.
 
 Importing torch is most of what starting a rank costs (over a second of CPU a
 process), and a session starts ranks many times: a warm pool's after each test that
@@ -12,9 +13,10 @@ One server per rank number: a forked rank shares its server's seed of Python's
 strings differently, as processes of their own would (a test whose ranks run their
 collectives in the order of a set fails here, as under torchrun). A server serves one
 environment, working directory and ``sys.path``: where they change, the next rank
-gets a new server. Where no server can serve (not Linux; or it failed), the launcher
-starts ``python -m pytest_cuda.distributed.rank_main`` itself
-(:func:`pytest_cuda.distributed.launch.start_rank`).
+gets a new server. Where no server can serve (not Linux; or it failed, or did not
+answer in time), :func:`start_rank` starts ``python -m pytest_cuda.distributed.rank_main``
+itself. A server that ends while ranks it forked run cannot say how they end: they are
+killed (their whole session), and reported so.
 """
 
 from __future__ import annotations
@@ -29,15 +31,24 @@ import subprocess
 import sys
 import time
 from collections import deque
-from typing import IO, TYPE_CHECKING, Any
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from pytest_cuda.distributed.forkserver_main import MAX_MESSAGE
+from gpumagic import cuda
+from pytest_cuda.distributed.forkserver_main import MAX_MESSAGE, RANK_MODULE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
-    from pathlib import Path
 
-__all__ = ["ForkServer", "ForkServers", "ForkedRank", "can_fork"]
+__all__ = [
+    "ForkServer",
+    "ForkServers",
+    "ForkedRank",
+    "RankProcess",
+    "can_fork",
+    "rank_env",
+    "start_rank",
+]
 
 #: Variables left out of a server's key: pytest sets ``PYTEST_CURRENT_TEST`` at each
 #: phase of each test, and nothing a rank imports reads it (each rank gets its own value).
@@ -45,6 +56,63 @@ _VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 _SERVER_MODULE = "pytest_cuda.distributed.forkserver_main"
 
 Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
+
+
+class RankProcess(Protocol):
+    """A rank's process as the launcher uses it: a :class:`subprocess.Popen`, or a
+    :class:`~pytest_cuda.distributed.forkserver.ForkedRank`."""
+
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def rank_env(*, loopback: bool = True) -> dict[str, str]:
+    """A rank process's environment: this process's, with this package first on
+    ``PYTHONPATH`` and unbuffered output (a killed rank's output is all in its files);
+    ``loopback``: its backend's sockets on this host's loopback interface (every rank
+    on this host), else where the user's environment says (ranks on several hosts)."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    if loopback:
+        env.update(cuda.rank_environment(env))  # gloo's and NCCL's sockets on loopback
+    return env
+
+
+def start_rank(
+    args: list[str],
+    out: IO[bytes],
+    err: IO[bytes],
+    cwd: Path,
+    *,
+    rank: int,
+    env: dict[str, str],
+    stdin: bool = False,
+    servers: ForkServers | None = None,
+    limit_s: float = 120.0,
+) -> RankProcess:
+    """Rank ``rank``'s process, ``python -m pytest_cuda.distributed.rank_main ARGS``, in
+    a session of its own, with ``env`` (:func:`rank_env`); ``stdin``: a pipe for its
+    jobs (a warm rank), else none. Forked by its fork server in ``servers`` (which
+    gets ``limit_s`` seconds to answer), or started afresh where none can fork it."""
+    if servers is not None:
+        forked = servers.start(rank, args, out, err, stdin=stdin, cwd=cwd, env=env, limit_s=limit_s)
+        if forked is not None:
+            return forked
+    return subprocess.Popen(
+        [sys.executable, "-m", RANK_MODULE, *args],
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=out,
+        stderr=err,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def can_fork() -> bool:

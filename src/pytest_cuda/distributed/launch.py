@@ -23,10 +23,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpumagic import cuda
+from pytest_cuda.distributed.forkserver import rank_env, start_rank
 from pytest_cuda.distributed.job import JobRun, StorePlace
 from pytest_cuda.distributed.rank_main import (
     body_path,
@@ -40,8 +40,9 @@ from pytest_cuda.distributed.ranks import FAILURE_GRACE_S, RankOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from pathlib import Path
 
-    from pytest_cuda.distributed.forkserver import ForkServers
+    from pytest_cuda.distributed.forkserver import ForkServers, RankProcess
     from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.ranks import DistributedSpec
 
@@ -50,15 +51,12 @@ __all__ = [
     "STACK_WAIT_S",
     "STARTUP_S",
     "LocalRank",
-    "RankProcess",
     "RankView",
     "TimedOut",
     "Watch",
     "group_timeout",
     "kill_all",
-    "rank_env",
     "run_ranks",
-    "start_rank",
     "startup_limit",
     "stop_and_read",
     "watch_job",
@@ -78,18 +76,6 @@ GOOD_ENDS = ("passed", "skipped", "xfailed")
 #: Which limit ended a watch: the test's timeout, the start-up limit, a failure
 #: elsewhere ("failure": another host's rank failed, its grace ran out), or none.
 TimedOut = Literal["timeout", "startup", "failure"] | None
-
-
-class RankProcess(Protocol):
-    """A rank's process as the launcher uses it: a :class:`subprocess.Popen`, or a
-    :class:`~pytest_cuda.distributed.forkserver.ForkedRank`."""
-
-    pid: int
-    returncode: int | None
-    stdin: IO[bytes] | None
-
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def startup_limit(spec: DistributedSpec) -> float:
@@ -161,57 +147,22 @@ def run_ranks(
         for rank in ranks:
             with out_path(folder, rank).open("wb") as out, err_path(folder, rank).open("wb") as err:
                 args = [str(folder), str(rank)]
-                procs.append(start_rank(args, out, err, cwd, rank=rank, env=env, servers=servers))
+                procs.append(
+                    start_rank(
+                        args,
+                        out,
+                        err,
+                        cwd,
+                        rank=rank,
+                        env=env,
+                        servers=servers,
+                        limit_s=startup_limit(job.spec),
+                    )
+                )
         return watch_job(procs, folder, job)
     finally:
         kill_all(procs)
         del store
-
-
-def rank_env(*, loopback: bool = True) -> dict[str, str]:
-    """A rank process's environment: this process's, with this package first on
-    ``PYTHONPATH`` and unbuffered output (a killed rank's output is all in its files);
-    ``loopback``: its backend's sockets on this host's loopback interface (every rank
-    on this host), else where the user's environment says (ranks on several hosts)."""
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    if loopback:
-        env.update(cuda.rank_environment(env))  # gloo's and NCCL's sockets on loopback
-    return env
-
-
-def start_rank(
-    args: list[str],
-    out: IO[bytes],
-    err: IO[bytes],
-    cwd: Path,
-    *,
-    rank: int,
-    env: dict[str, str],
-    stdin: bool = False,
-    servers: ForkServers | None = None,
-) -> RankProcess:
-    """Rank ``rank``'s process, ``python -m pytest_cuda.distributed.rank_main ARGS``, in
-    a session of its own, with ``env`` (:func:`rank_env`); ``stdin``: a pipe for its
-    jobs (a warm rank), else none. Forked by its fork server in ``servers``, or
-    started afresh where none can fork it."""
-    if servers is not None:
-        forked = servers.start(
-            rank, args, out, err, stdin=stdin, cwd=cwd, env=env, limit_s=STARTUP_S
-        )
-        if forked is not None:
-            return forked
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest_cuda.distributed.rank_main", *args],
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=out,
-        stderr=err,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
 
 
 class LocalRank:

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
-from pytest_cuda.distributed.forkserver import ForkServers
+from pytest_cuda.distributed.forkserver import ForkServers, rank_env, start_rank
 from pytest_cuda.distributed.job import StorePlace
 from pytest_cuda.distributed.launch import (
     group_timeout,
     kill_all,
-    rank_env,
-    start_rank,
     startup_limit,
     watch_job,
     write_job,
@@ -38,8 +36,9 @@ from pytest_cuda.distributed.launch import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pytest_cuda.distributed.forkserver import RankProcess
     from pytest_cuda.distributed.job import RankJob
-    from pytest_cuda.distributed.launch import RankProcess, TimedOut
+    from pytest_cuda.distributed.launch import TimedOut
     from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome
 
 __all__ = ["GROUP_TIMEOUT_S", "Plan", "PoolKey", "Ran", "RankPool", "RankPools"]
@@ -211,7 +210,15 @@ class RankPool:
                 args = ["--serve", str(self.folder), str(rank)]
                 self.procs.append(
                     start_rank(
-                        args, out, err, cwd, rank=rank, env=env, stdin=True, servers=self.servers
+                        args,
+                        out,
+                        err,
+                        cwd,
+                        rank=rank,
+                        env=env,
+                        stdin=True,
+                        servers=self.servers,
+                        limit_s=startup_limit(job.spec),
                     )
                 )
 

@@ -27,7 +27,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,15 +82,13 @@ def _write(path: Path, result: dict[str, Any]) -> None:
     partial.replace(path)  # the launcher never reads half a file
 
 
-@dataclass
-class Preloaded:
-    """What importing torch and the rest raised and printed in a fork server, before
-    it forked this rank (:mod:`pytest_cuda.distributed.forkserver_main`): the rank's
-    first job gives it back, where a rank that imported them itself would have met it."""
+class Preloaded(NamedTuple):
+    """What a fork server's imports raised and printed before it forked this rank
+    (:mod:`pytest_cuda.distributed.forkserver_main`): given back in its first job."""
 
-    warnings: list[warnings.WarningMessage]
-    stdout: bytes = b""
-    stderr: bytes = b""
+    raised: list[warnings.WarningMessage]
+    stdout: bytes
+    stderr: bytes
 
 
 @dataclass
@@ -102,13 +100,11 @@ class _Process:
     generation: int | None = None
     group: Any = None
     stack_file: IO[str] | None = None
-    #: What its fork server's imports raised and printed, until its first job.
-    preloaded: Preloaded | None = None
+    preloaded: Preloaded | None = None  # until its first job
 
 
 def main(argv: list[str], preloaded: Preloaded | None = None) -> int:
-    """Run the rank's job, or (``--serve``) each job its stdin names; ``preloaded``:
-    this process was forked from a fork server that imported torch."""
+    """Run the job, or (``--serve``) each job stdin names; ``preloaded``: forked."""
     serve = argv[1] == "--serve"
     folder, rank = Path(argv[2 if serve else 1]), int(argv[3 if serve else 2])
     process = _Process(rank, preloaded=preloaded)
@@ -142,11 +138,9 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
     rank = process.rank
     if idle is not None:
         _redirect(out_path(folder, rank), err_path(folder, rank))
-    preloaded = process.preloaded
-    if preloaded is not None:  # the first job's output begins with the imports'
-        for fd, text in ((1, preloaded.stdout), (2, preloaded.stderr)):
-            with open(fd, "wb", closefd=False) as stream:
-                stream.write(text)
+    if process.preloaded is not None:  # the first job's output begins with the imports'
+        os.write(1, process.preloaded.stdout)  # files: written whole
+        os.write(2, process.preloaded.stderr)
     old = process.stack_file
     process.stack_file = stack_path(folder, rank).open("w")  # open for the signal handler
     if hasattr(signal, "SIGUSR1"):
@@ -202,7 +196,7 @@ class _Rank:
         self.leak_check: LeakCheck | None = None
         self.limit: LimitWatch | None = None
         preloaded = process.preloaded
-        self.warnings: list[warnings.WarningMessage] = list(preloaded.warnings if preloaded else ())
+        self.warnings: list[warnings.WarningMessage] = list(preloaded.raised if preloaded else ())
 
     def run(self) -> dict[str, Any]:
         try:

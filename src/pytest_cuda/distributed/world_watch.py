@@ -42,8 +42,9 @@ from pytest_cuda.distributed.ranks import RankOutcome
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from pytest_cuda.distributed.forkserver import RankProcess
     from pytest_cuda.distributed.job import RankJob
-    from pytest_cuda.distributed.launch import RankProcess, TimedOut
+    from pytest_cuda.distributed.launch import TimedOut
     from pytest_cuda.distributed.world import LaunchedWorld
 
 __all__ = ["ANSWER_S", "Judged", "RemoteRank", "follow", "judge"]
