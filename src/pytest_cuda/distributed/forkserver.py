@@ -76,7 +76,7 @@ def rank_env(*, loopback: bool = True) -> dict[str, str]:
     ``loopback``: its backend's sockets on this host's loopback interface (every rank
     on this host), else where the user's environment says (ranks on several hosts)."""
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     if loopback:
