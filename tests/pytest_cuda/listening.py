@@ -15,9 +15,21 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Listening", "descendants", "listening", "not_on_loopback", "readable"]
+__all__ = [
+    "Listening",
+    "descendants",
+    "listening",
+    "not_on_loopback",
+    "pytest_process",
+    "ranks_of",
+    "readable",
+]
 
 PROC = Path("/proc")
+#: What the command line of a rank started afresh, and of a fork server (and of the
+#: ranks it forked), holds.
+_RANK = b"pytest_cuda.distributed.rank_main"
+_SERVER = b"pytest_cuda.distributed.forkserver_main"
 #: ``st`` of a socket in the LISTEN state, in /proc/net/tcp's hexadecimal.
 _LISTEN = "0A"
 
@@ -86,8 +98,7 @@ def listening(pids: list[int]) -> list[Listening]:
     return found
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes started by ``pid``, and by them, and so on (not ``pid`` itself)."""
+def _parents() -> dict[int, int]:
     parents: dict[int, int] = {}
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
@@ -97,12 +108,43 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             continue
         parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    return parents
+
+
+def _command(pid: int) -> bytes:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes started by ``pid``, and by them, and so on (not ``pid`` itself)."""
+    parents = _parents()
     found: list[int] = []
     layer = [pid]
     while layer:
         layer = [child for child, parent in parents.items() if parent in layer]
         found += layer
     return found
+
+
+def ranks_of(pid: int) -> list[int]:
+    """The rank processes of the pytest process ``pid``: those it started, and those
+    its fork servers forked (not the servers)."""
+    parents = _parents()
+    children = [child for child, parent in parents.items() if parent == pid]
+    servers = [child for child in children if _SERVER in _command(child)]
+    forked = [child for child, parent in parents.items() if parent in servers]
+    return [child for child in children if _RANK in _command(child)] + forked
+
+
+def pytest_process() -> int:
+    """In a rank: the pytest process that runs it (its parent, or its fork server's)."""
+    parent = os.getppid()
+    if _SERVER in _command(parent):
+        return _parents()[parent]
+    return parent
 
 
 def not_on_loopback(pids: list[int]) -> list[str]:

@@ -23,18 +23,34 @@ def skip_reasons(result: pytest.RunResult) -> dict[str, int]:
 
 #: A conftest for a planted run: prints how many rank processes this pytest process has
 #: when each test's call starts (the ranks' start-up belongs to the first multi-rank
-#: test's set-up, issue 40).
+#: test's set-up, issue 40): those it started, and those its fork servers forked.
 RANKS_AT_CALL = """
+import os
 from pathlib import Path
 
 import pytest
 
 
+def _children(pid):
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _command(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _rank_processes():
-    pids = []
-    for task in Path("/proc/self/task").iterdir():
-        pids += (task / "children").read_text().split()
-    return [pid for pid in pids if b"rank_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    children = _children(os.getpid())
+    ranks = [pid for pid in children if b"rank_main" in _command(pid)]
+    for server in [pid for pid in children if b"forkserver_main" in _command(pid)]:
+        ranks += _children(server)
+    return ranks
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,6 +1,7 @@
 """Warm ranks (``cuda_distributed`` on the CPU with gloo): reused from test to test,
 replaced after a failure, a hang, a death or a test that left state behind, and giving
-their cached memory back after each test.
+their cached memory back after each test; forked from a fork server per rank, which
+imported torch once a session.
 
 Each planted suite runs for real in two rank processes; every test records the pids of
 its ranks, so the tests can tell which tests shared processes. No rank process may
@@ -11,8 +12,10 @@ costs: the suites that run in one pytest process run in one session, in the orde
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpumagic import cuda
@@ -20,13 +23,12 @@ from pytest_cuda.distributed.leftovers import RankState, left_behind
 from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome, verdict
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import pytest
 
 HEADER = """
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -475,6 +477,77 @@ def _released(base: Path) -> None:
     assert not list(base.glob("fresh-*"))
 
 
+FORKED = (
+    HEADER
+    + """
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        found = int(stat.read().rpartition(")")[2].split()[1])
+    with open(f"/proc/{found}/cmdline", "rb") as cmdline:
+        return found, b"pytest_cuda.distributed.forkserver_main" in cmdline.read()
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_forked_by_a_server_each(cuda_rank, pids):
+    keep(pids, "test_forked_by_a_server_each", cuda_rank.rank)
+    server, forked = parent(os.getpid())
+    assert forked
+    # Each rank's own server: its own seed of str hashes, as a process of its own has.
+    mine = torch.tensor([float(server), float(hash("pytest_cuda") % 1000003)], dtype=torch.float64)
+    both = [torch.zeros(2, dtype=torch.float64) for _ in range(2)]
+    dist.all_gather(both, mine)
+    assert both[0][0] != both[1][0]
+    if "PYTHONHASHSEED" not in os.environ:
+        assert both[0][1] != both[1][1]
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo", timeout=20)
+def test_its_server_ends(cuda_rank, pids):
+    keep(pids, "test_its_server_ends", cuda_rank.rank)
+    if cuda_rank.rank == 0:
+        os.kill(parent(os.getpid())[0], signal.SIGKILL)
+        time.sleep(60)  # no rank ends: the pytest process kills the server's
+    reduce(cuda_rank.rank)
+
+
+@pytest.mark.cuda_distributed(world_size=2, backend="gloo")
+def test_after_its_server(cuda_rank, pids):
+    keep(pids, "test_after_its_server", cuda_rank.rank)
+    assert parent(os.getpid())[1]
+    reduce(cuda_rank.rank)
+"""
+)
+
+
+def _forked(result: pytest.RunResult, pids: dict[str, set[int]]) -> None:
+    """``FORKED``: each rank forked by a server of its own (its own ``str`` hash seed);
+    a server that ends has its ranks killed, reported so, and the next test gets a new
+    server and new ranks."""
+    assert _outcomes(result, "test_5_forked") == {"passed": 2, "failed": 1}
+    result.stdout.fnmatch_lines(
+        [
+            "test_its_server_ends: rank 0 of 2 failed: killed by SIGKILL",
+            "rank 0 (cpu): the process ended after * without a result (killed by SIGKILL)",
+        ]
+    )
+    assert pids["test_forked_by_a_server_each"] == pids["test_its_server_ends"]
+    assert pids["test_after_its_server"].isdisjoint(pids["test_its_server_ends"])
+
+
+def _no_server_left() -> None:
+    """The session's fork servers ended with it."""
+    children = []
+    for task in Path("/proc/self/task").iterdir():
+        children += (task / "children").read_text().split()
+    servers = []
+    for pid in children:
+        with contextlib.suppress(OSError):
+            if b"forkserver_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                servers.append(pid)
+    assert servers == []
+
+
 #: The planted suites of one session, in the order they run, and what each must show.
 PLANTED = {
     "test_0_outcomes": (OUTCOMES, _outcomes_and_switches),
@@ -482,6 +555,7 @@ PLANTED = {
     "test_2_leftovers": (LEFTOVERS, _leftovers),
     "test_3_deaths": (DEATHS, _deaths),
     "test_4_give_back": (GIVE_BACK, _give_back),
+    "test_5_forked": (FORKED, _forked),
 }
 
 
@@ -492,7 +566,7 @@ def test_warm_ranks_are_kept_through_passes_and_replaced_after_what_went_wrong(
     tests shared rank processes, as if it had run alone."""
     pytester.makepyfile(**{name: source for name, (source, _) in PLANTED.items()})
     result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--basetemp", "base")
-    result.assert_outcomes(passed=29, failed=9, skipped=3, xfailed=1, errors=1)
+    result.assert_outcomes(passed=31, failed=10, skipped=3, xfailed=1, errors=1)
     pids = _pids(pytester.path / "base")
     for _, check in PLANTED.values():
         check(result, pids)
@@ -502,7 +576,9 @@ def test_warm_ranks_are_kept_through_passes_and_replaced_after_what_went_wrong(
     assert pids["test_20"] == pids["test_keeps_a_group"]
     assert pids["test_clean_after"] == pids["test_passes_first"]
     assert pids["test_passes_after"] == pids["test_01_plants"]
+    assert pids["test_04_after"] == pids["test_forked_by_a_server_each"]
     _none_left(pytester)
+    _no_server_left()
 
 
 PAIRS = HEADER + "".join(

@@ -56,18 +56,19 @@ def test_1_warms_the_ranks(cuda_rank):
 
 
 def test_2_the_pytest_process_and_its_ranks_listen_on_loopback_only():
-    ranks = listening.descendants(os.getpid())
+    ranks = listening.ranks_of(os.getpid())
     assert len(ranks) == 2, ranks  # the warm ranks are up
-    found = listening.listening([os.getpid(), *ranks])
+    started = listening.descendants(os.getpid())  # the ranks and their fork servers
+    found = listening.listening([os.getpid(), *started])
     print(*found, sep=chr(10))
     assert os.getpid() in {{f.pid for f in found}}  # the rendezvous store
-    assert listening.not_on_loopback([os.getpid(), *ranks]) == []
+    assert listening.not_on_loopback([os.getpid(), *started]) == []
 
 
 @pytest.mark.cuda_distributed(world_size=2{backend})
 def test_3_a_rank_sees_the_same(cuda_rank):
     reduce(cuda_rank)
-    pytest_process = os.getppid()
+    pytest_process = listening.pytest_process()
     ranks = listening.descendants(pytest_process)
     assert os.getpid() in ranks
     assert listening.not_on_loopback([pytest_process, *ranks]) == []
@@ -81,8 +82,9 @@ def test_3_a_rank_sees_the_same(cuda_rank):
 @pytest.mark.cuda_distributed(world_size=2{backend}, isolate=True)
 def test_4_fresh_ranks_too(cuda_rank):
     reduce(cuda_rank)
-    ranks = listening.descendants(os.getppid())
-    assert listening.not_on_loopback([os.getppid(), *ranks]) == []
+    pytest_process = listening.pytest_process()
+    ranks = listening.descendants(pytest_process)
+    assert listening.not_on_loopback([pytest_process, *ranks]) == []
     job = Path(os.readlink("/proc/self/fd/1")).parent
     assert job.name.startswith("pytest-cuda-ranks-") and private(job)
     dist.barrier()
@@ -145,7 +147,7 @@ class Planted:
 def test_1_plants_a_pickle(cuda_rank):
     if cuda_rank.rank == 0:
         # As any process on the host could: find the store's port, connect, write.
-        (found,) = listening.listening([os.getppid()])
+        (found,) = listening.listening([listening.pytest_process()])
         timeout = datetime.timedelta(seconds=30)
         client = dist.TCPStore(str(found.address), found.port, None, False, timeout)
         for job in ("2", "3"):

@@ -31,7 +31,7 @@ from pytest_cuda.distributed.ranks import RankOutcome
 from pytest_cuda.leaks.report import LeakReport
 
 
-def _stand_in_ranks(job, folder, *, cwd):
+def _stand_in_ranks(job, folder, *, cwd, servers=None):
     # What two rank processes send back: rank 1 keeps 1 MiB on its device.
     with open("jobs.jsonl", "a") as out:
         out.write(json.dumps(asdict(job.leak)) + "\\n")

@@ -40,6 +40,7 @@ __all__ = [
     "leave_group",
     "live_groups",
     "mark_rank_done",
+    "preload_distributed",
     "rank_device",
     "rank_environment",
     "unknown_backends",
@@ -65,6 +66,14 @@ def _distributed() -> ModuleType:
             "install a build with distributed support"
         )
     return dist
+
+
+def preload_distributed() -> None:
+    """Import torch and ``torch.distributed``, what every rank process imports first,
+    in a process that forks rank processes from then on. Creates no CUDA context and
+    asks no driver (neither survives a fork): importing torch does neither.
+    :class:`CudaUnavailable` where this torch has no ``torch.distributed``."""
+    _distributed()
 
 
 def known_backends() -> tuple[str, ...]:

@@ -3,7 +3,9 @@
 Each rank is an interpreter (:mod:`pytest_cuda.distributed.rank_main`) in a session of its own,
 with its output in files of the job's folder: fresh for one test (:func:`run_ranks`,
 ``isolate=True``), or warm ones that a :class:`~pytest_cuda.distributed.pool.RankPool` keeps
-(:func:`watch_job` serves both). The pytest process hosts the rendezvous store. A rank
+(:func:`watch_job` serves both). Each is forked from a fork server that imported torch
+already (:mod:`pytest_cuda.distributed.forkserver`), or started afresh where none can
+serve. The pytest process hosts the rendezvous store. A rank
 that fails gives the others a short grace to finish (a collective whose peer died may
 never return); a test that outlives its timeout has every rank still running dump its
 Python stack (``SIGUSR1``, faulthandler) before it is killed. Whatever happens, fresh
@@ -21,10 +23,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpumagic import cuda
+from pytest_cuda.distributed.forkserver import rank_env, start_rank
 from pytest_cuda.distributed.job import JobRun, StorePlace
 from pytest_cuda.distributed.rank_main import (
     body_path,
@@ -38,7 +40,9 @@ from pytest_cuda.distributed.ranks import FAILURE_GRACE_S, RankOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from pathlib import Path
 
+    from pytest_cuda.distributed.forkserver import ForkServers, RankProcess
     from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.ranks import DistributedSpec
 
@@ -53,7 +57,6 @@ __all__ = [
     "group_timeout",
     "kill_all",
     "run_ranks",
-    "start_rank",
     "startup_limit",
     "stop_and_read",
     "watch_job",
@@ -118,10 +121,12 @@ def write_job(
     ).write(folder)
 
 
-def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcome], TimedOut]:
-    """Run the job's ranks, in fresh processes, to their end: every rank's outcome, and
-    which time limit ran out, if one did (``"startup"``: the ranks did not all start
-    their test in time)."""
+def run_ranks(
+    job: RankJob, folder: Path, *, cwd: Path, servers: ForkServers | None = None
+) -> tuple[list[RankOutcome], TimedOut]:
+    """Run the job's ranks, in fresh processes (forked by ``servers`` where they can),
+    to their end: every rank's outcome, and which time limit ran out, if one did
+    (``"startup"``: the ranks did not all start their test in time)."""
     store, port = cuda.host_store(startup_limit(job.spec))
     write_job(
         job,
@@ -133,51 +138,37 @@ def run_ranks(job: RankJob, folder: Path, *, cwd: Path) -> tuple[list[RankOutcom
         group_timeout_s=group_timeout(job.spec),
         warm=False,
     )
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[RankProcess] = []
+    env = rank_env(loopback=True)
+    ranks = range(job.spec.world_size)
+    if servers is not None:
+        servers.prepare(ranks, cwd, env)
     try:
-        for rank in range(job.spec.world_size):
+        for rank in ranks:
             with out_path(folder, rank).open("wb") as out, err_path(folder, rank).open("wb") as err:
-                procs.append(start_rank([str(folder), str(rank)], out, err, cwd, stdin=False))
+                args = [str(folder), str(rank)]
+                procs.append(
+                    start_rank(
+                        args,
+                        out,
+                        err,
+                        cwd,
+                        rank=rank,
+                        env=env,
+                        servers=servers,
+                        limit_s=startup_limit(job.spec),
+                    )
+                )
         return watch_job(procs, folder, job)
     finally:
         kill_all(procs)
         del store
 
 
-def start_rank(
-    args: list[str],
-    out: IO[bytes],
-    err: IO[bytes],
-    cwd: Path,
-    *,
-    stdin: bool,
-    loopback: bool = True,
-) -> subprocess.Popen[bytes]:
-    """A rank process, ``python -m pytest_cuda.distributed.rank_main ARGS``, in a session
-    of its own; ``stdin``: a pipe for its jobs (a warm rank), else none; ``loopback``:
-    its backend's sockets on this host's loopback interface (every rank on this host),
-    else where the user's environment says (ranks on several hosts)."""
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"  # a killed rank's output is all in its files
-    if loopback:
-        env.update(cuda.rank_environment(env))  # gloo's and NCCL's sockets on loopback
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest_cuda.distributed.rank_main", *args],
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=out,
-        stderr=err,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
-
-
 class LocalRank:
     """A rank process of this host, as the watch sees it: through its job's files."""
 
-    def __init__(self, folder: Path, rank: int, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, folder: Path, rank: int, proc: RankProcess) -> None:
         self.folder = folder
         self.rank = rank
         self.proc = proc
@@ -213,7 +204,7 @@ class Watch:
 
 
 def watch_job(
-    procs: Sequence[subprocess.Popen[bytes]],
+    procs: Sequence[RankProcess],
     folder: Path,
     job: RankJob,
     *,
@@ -306,7 +297,7 @@ def watch_ranks(
         time.sleep(_POLL_S)
 
 
-def _dump_stacks(procs: Sequence[subprocess.Popen[bytes]], ranks: list[int], folder: Path) -> None:
+def _dump_stacks(procs: Sequence[RankProcess], ranks: list[int], folder: Path) -> None:
     """Ask each rank still running (``procs``, of ``ranks``) for its Python stack; wait
     until each wrote it."""
     if not ranks or not hasattr(signal, "SIGUSR1"):
@@ -331,7 +322,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def kill_all(procs: Sequence[RankProcess]) -> None:
     """Kill every rank's session (the rank and anything it started), then reap them."""
     for proc in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -351,7 +342,7 @@ def _read(path: Path) -> str:
 def _outcome(
     folder: Path,
     rank: int,
-    proc: subprocess.Popen[bytes],
+    proc: RankProcess,
     device: str,
     *,
     stopped: bool,

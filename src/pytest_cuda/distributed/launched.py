@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     import pytest
 
+    from pytest_cuda.distributed.forkserver import ForkServers
     from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.pool import PoolKey, Ran
     from pytest_cuda.distributed.world import LaunchedWorld
@@ -197,8 +198,10 @@ class LaunchedPool(RankPool):
     """One host's warm rank of a pool of a launched run: the launcher's rank, on the
     store every host shares, its jobs numbered by rank 0's orders."""
 
-    def __init__(self, key: PoolKey, folder: Path, run: LaunchedRun) -> None:
-        super().__init__(key, folder)
+    def __init__(
+        self, key: PoolKey, folder: Path, run: LaunchedRun, servers: ForkServers | None = None
+    ) -> None:
+        super().__init__(key, folder, servers)
         self.launched = run
         #: The number of the job rank 0 ordered (set before each test).
         self.number = 0

@@ -177,7 +177,7 @@ def rank_pools(config: pytest.Config) -> RankPools:
         else:
             from pytest_cuda.distributed.launched import LaunchedPool
 
-            pools = RankPools(lambda key, folder: LaunchedPool(key, folder, run))
+            pools = RankPools(lambda key, folder, servers: LaunchedPool(key, folder, run, servers))
         config.stash[_POOLS] = pools
         config.add_cleanup(pools.close)
     return pools
@@ -221,7 +221,8 @@ def _run(item: pytest.Function, spec: DistributedSpec) -> None:
     if spec.isolate and run is None:
         folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
         try:
-            outcomes, timed_out = run_ranks(job, folder, cwd=Path.cwd())
+            servers = rank_pools(item.config).servers
+            outcomes, timed_out = run_ranks(job, folder, cwd=Path.cwd(), servers=servers)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     else:

@@ -23,20 +23,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumagic import cuda
+from pytest_cuda.distributed.forkserver import ForkServers, rank_env, start_rank
 from pytest_cuda.distributed.job import StorePlace
 from pytest_cuda.distributed.launch import (
     group_timeout,
     kill_all,
-    start_rank,
     startup_limit,
     watch_job,
     write_job,
 )
 
 if TYPE_CHECKING:
-    import subprocess
     from collections.abc import Callable
 
+    from pytest_cuda.distributed.forkserver import RankProcess
     from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.launch import TimedOut
     from pytest_cuda.distributed.ranks import DistributedSpec, RankOutcome
@@ -73,10 +73,12 @@ class RankPool:
     body's alone, and its timeout counts from when every rank started the body.
     """
 
-    def __init__(self, key: PoolKey, folder: Path) -> None:
+    def __init__(self, key: PoolKey, folder: Path, servers: ForkServers | None = None) -> None:
         self.key = key
         self.folder = folder
-        self.procs: list[subprocess.Popen[bytes]] = []
+        #: Where its processes are forked from (``None``: each started afresh).
+        self.servers = servers
+        self.procs: list[RankProcess] = []
         self.generation = 0
         self.group_alive = False
         self.group_timeout = 0.0
@@ -199,12 +201,26 @@ class RankPool:
         self.close()
         self._port = self.open_store(job)
         self.starts += 1
-        loopback = self.on_loopback()
+        env = rank_env(loopback=self.on_loopback())
+        if self.servers is not None:
+            self.servers.prepare(self.ranks(), cwd, env)
         for rank in self.ranks():
             idle = [self.folder / f"rank{rank}.idle.{kind}" for kind in ("out", "err")]
             with idle[0].open("ab") as out, idle[1].open("ab") as err:
                 args = ["--serve", str(self.folder), str(rank)]
-                self.procs.append(start_rank(args, out, err, cwd, stdin=True, loopback=loopback))
+                self.procs.append(
+                    start_rank(
+                        args,
+                        out,
+                        err,
+                        cwd,
+                        rank=rank,
+                        env=env,
+                        stdin=True,
+                        servers=self.servers,
+                        limit_s=startup_limit(job.spec),
+                    )
+                )
 
     def close(self) -> None:
         """Stop its processes (the next test starts new ones)."""
@@ -220,11 +236,13 @@ class RankPool:
 
 
 class RankPools:
-    """One session's warm pools, by (world size, backend, devices); ``make`` builds a
-    pool (default: :class:`RankPool`)."""
+    """One session's warm pools, by (world size, backend, devices), and the fork
+    servers their ranks and fresh ones are forked from; ``make`` builds a pool
+    (default: :class:`RankPool`)."""
 
-    def __init__(self, make: Callable[[PoolKey, Path], RankPool] = RankPool) -> None:
+    def __init__(self, make: Callable[[PoolKey, Path, ForkServers], RankPool] = RankPool) -> None:
         self.pools: dict[PoolKey, RankPool] = {}
+        self.servers = ForkServers()
         self._folder: Path | None = None
         self._make = make
 
@@ -236,14 +254,15 @@ class RankPools:
                 self._folder = Path(tempfile.mkdtemp(prefix="pytest-cuda-ranks-"))
             folder = self._folder / f"pool{len(self.pools)}"
             folder.mkdir(mode=0o700)
-            found = self.pools[key] = self._make(key, folder)
+            found = self.pools[key] = self._make(key, folder, self.servers)
         return found
 
     def close(self) -> None:
-        """Stop every pool's processes and remove their files."""
+        """Stop every pool's processes, then the fork servers, and remove their files."""
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+        self.servers.close()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None

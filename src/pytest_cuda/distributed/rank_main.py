@@ -27,7 +27,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pytest_cuda.leaks.limit_watch import LimitWatch
 
 __all__ = [
+    "Preloaded",
     "body_path",
     "err_path",
     "main",
@@ -81,6 +82,15 @@ def _write(path: Path, result: dict[str, Any]) -> None:
     partial.replace(path)  # the launcher never reads half a file
 
 
+class Preloaded(NamedTuple):
+    """What a fork server's imports raised and printed before it forked this rank
+    (:mod:`pytest_cuda.distributed.forkserver_main`): given back in its first job."""
+
+    raised: list[warnings.WarningMessage]
+    stdout: bytes
+    stderr: bytes
+
+
 @dataclass
 class _Process:
     """What a rank process keeps from one test to the next."""
@@ -90,12 +100,14 @@ class _Process:
     generation: int | None = None
     group: Any = None
     stack_file: IO[str] | None = None
+    preloaded: Preloaded | None = None  # until its first job
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], preloaded: Preloaded | None = None) -> int:
+    """Run the job, or (``--serve``) each job stdin names; ``preloaded``: forked."""
     serve = argv[1] == "--serve"
     folder, rank = Path(argv[2 if serve else 1]), int(argv[3 if serve else 2])
-    process = _Process(rank)
+    process = _Process(rank, preloaded=preloaded)
     if not serve:
         _run_job(folder, process, idle=None)
     else:
@@ -126,6 +138,9 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
     rank = process.rank
     if idle is not None:
         _redirect(out_path(folder, rank), err_path(folder, rank))
+    if process.preloaded is not None:  # the first job's output begins with the imports'
+        os.write(1, process.preloaded.stdout)  # files: written whole
+        os.write(2, process.preloaded.stderr)
     old = process.stack_file
     process.stack_file = stack_path(folder, rank).open("w")  # open for the signal handler
     if hasattr(signal, "SIGUSR1"):
@@ -149,6 +164,7 @@ def _run_job(folder: Path, process: _Process, *, idle: Path | None) -> bool:
         else world_size,
     )
     result = _Rank(job_run, process, folder).run()
+    process.preloaded = None
     if idle is not None:  # the job's output complete before its result
         _redirect(out_path(idle, rank), err_path(idle, rank))
     _write(result_path(folder, rank), result)
@@ -179,7 +195,8 @@ class _Rank:
         self.before: RankState | None = None
         self.leak_check: LeakCheck | None = None
         self.limit: LimitWatch | None = None
-        self.warnings: list[warnings.WarningMessage] = []
+        preloaded = process.preloaded
+        self.warnings: list[warnings.WarningMessage] = list(preloaded.raised if preloaded else ())
 
     def run(self) -> dict[str, Any]:
         try:

@@ -40,9 +40,9 @@ from pytest_cuda.distributed.launch import (
 from pytest_cuda.distributed.ranks import RankOutcome
 
 if TYPE_CHECKING:
-    import subprocess
     from pathlib import Path
 
+    from pytest_cuda.distributed.forkserver import RankProcess
     from pytest_cuda.distributed.job import RankJob
     from pytest_cuda.distributed.launch import TimedOut
     from pytest_cuda.distributed.world import LaunchedWorld
@@ -96,7 +96,7 @@ def _placed(outcome: RankOutcome, world: LaunchedWorld) -> RankOutcome:
 
 def judge(
     store: cuda.RunStore,
-    proc: subprocess.Popen[bytes],
+    proc: RankProcess,
     folder: Path,
     job: RankJob,
     *,
@@ -160,7 +160,7 @@ def _lost(rank: int, store: cuda.RunStore, job: RankJob) -> RankOutcome:
 
 def follow(
     store: cuda.RunStore,
-    proc: subprocess.Popen[bytes],
+    proc: RankProcess,
     folder: Path,
     job: RankJob,
     *,
