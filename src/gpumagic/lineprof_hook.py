@@ -99,7 +99,9 @@ class BoundaryHook:
         self.need_floor = False
         self.residual = 0
         self.last_cost = 0
-        self.warned = 0
+        #: torch's synchronizing-call warnings so far, by thread: each goes to the line its
+        #: own thread was on
+        self.warned: dict[int, int] = {}
         self.mode_before: int | None = None
         self.restore_mode: int | None = None
         #: --gpu without --memory, once armed: the boundaries recorded raw, replayed by
@@ -135,8 +137,9 @@ class BoundaryHook:
         if self.armed or (self.armable and self._arm()):
             if self.timeline_only:
                 # --gpu --no-sync: no CUDA call here; only the line's syncs to close.
-                if state is not None and self.warned != state.syncs:
-                    state.info.extra(state.line).syncs += self.warned - state.syncs
+                warned = self.warned.get(state.thread, 0) if state is not None else 0
+                if state is not None and warned != state.syncs:
+                    state.info.extra(state.line).syncs += warned - state.syncs
             else:
                 waited, marks = self._cuda_boundary(state)
         kernels = self.kernels
@@ -175,7 +178,7 @@ class BoundaryHook:
                     info.entries[stmt] = info.entries.get(stmt, 0) + 1
                 state.stmt = stmt
             state.marks = marks
-            state.syncs = self.warned
+            state.syncs = self.warned.get(tid, 0)
             kernels = self.kernels
             if kernels is not None:
                 if tid == self.timeline_thread and kernels is self.timeline_of:
@@ -249,14 +252,14 @@ class BoundaryHook:
         advance = self._advance
         for t0, tid, key, code, line, seq in raw:
             if code is None:
-                self.warned += 1
+                self.warned[tid] = self.warned.get(tid, 0) + 1
                 continue
             state = frames.get(key)
             if state is not None:
                 if state.code is not code:
                     state = None
-                elif self.warned != state.syncs:
-                    state.info.extra(state.line).syncs += self.warned - state.syncs
+                elif (warned := self.warned.get(tid, 0)) != state.syncs:
+                    state.info.extra(state.line).syncs += warned - state.syncs
             advance(t0, tid, key, code, line, line != 0, state, None, seq, t0, cost)
 
     def _cuda_boundary(self, state: _Open | None = None) -> tuple[int, dict[int, Marks] | None]:
@@ -281,7 +284,9 @@ class BoundaryHook:
                     self.record.syncs += 1
             if self.memory:
                 marks = {d: self._marks(d) for d in self.devices}
-            if state is not None and (self.memory or (self.gpu and self.warned != state.syncs)):
+            if state is not None and (
+                self.memory or (self.gpu and self.warned.get(state.thread, 0) != state.syncs)
+            ):
                 self._close_cuda(state, marks)
         except Exception as exc:  # a CUDA error must not break the user's code
             self._fail(exc)
@@ -289,7 +294,7 @@ class BoundaryHook:
 
     def _close_cuda(self, state: _Open, marks: dict[int, Marks] | None) -> None:
         extras = state.info.extra(state.line)
-        extras.syncs += self.warned - state.syncs
+        extras.syncs += self.warned.get(state.thread, 0) - state.syncs
         if marks is not None and state.marks is not None:
             extras.add_memory(state.marks, marks)
 
@@ -454,7 +459,8 @@ class BoundaryHook:
                 if str(message).startswith(cuda.SYNC_WARNING_MESSAGE):
                     raw = self.raw
                     if raw is None:
-                        self.warned += 1
+                        tid = get_ident()
+                        self.warned[tid] = self.warned.get(tid, 0) + 1
                     else:  # charged to its line by the replay, in its place
                         raw.append((time.perf_counter_ns(), get_ident(), 0, None, 0, 0))
                     if self.mode_before == 1:  # the user asked for these warnings

@@ -680,6 +680,7 @@ def test_builtins_profile_of_the_user_is_kept(shell: InteractiveShell) -> None:
         del builtins.profile  # type: ignore[attr-defined]
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_a_slow_statement_is_not_slowed_by_syncs_without_cuda(
     shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
 ) -> None:

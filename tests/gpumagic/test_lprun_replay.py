@@ -93,6 +93,8 @@ def test_the_replay_gives_the_live_boundarys_table(
         live = profile(shell, flags)
     assert raw == live
     main = raw["main"]
+    # the worker thread's synchronizing call is its own line's, not main's open line's
+    assert (main["t.start()"], main["t.join()"]) == (("1",), ("1",))
     assert main["dev.launch(0.002)"][:2] == ("1", "2.0")
     assert main["bad(dev)"][1] == "1.0"  # the exception left bad's frame: its line closed
     assert main["for _ in gen(dev):"][0] == "3"
