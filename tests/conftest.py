@@ -56,6 +56,9 @@ def _frozen_heap() -> Iterator[None]:
     walked about a million objects (~0.1 s). Frozen, the objects made so far are left
     out of later collections; what the tests make is collected as before. The tests
     of the leak check's walks thaw the heap themselves (``test_leak_holders.py``).
+    torch is imported before any ``pytester`` snapshot of ``sys.modules``: pytester
+    drops the modules an in-process run imported when it ends, and torch's C extension
+    crashes when imported twice.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Failed to initialize NumPy" where it is absent

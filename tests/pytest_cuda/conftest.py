@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import json
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +12,7 @@ from gpumagic import cuda
 from gpumagic.cuda import discovery
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     FakeGpus = Callable[..., None]
 
@@ -23,26 +21,6 @@ import fake_cuda
 
 fake_cuda.install_planted()
 """
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _torch_before_pytester() -> Iterator[None]:
-    """Import torch before any ``pytester`` snapshot of ``sys.modules``, then freeze the heap.
-
-    Device fixtures import torch inside in-process runs; pytester drops the modules a
-    test imported when it ends, and torch's C extension crashes when imported twice.
-    The leak checks of the in-process runs collect garbage in full several times per
-    leaking test; with torch, IPython and pytest loaded that walks about a million
-    objects (~90 ms a collection). ``gc.freeze()`` leaves the objects made so far out of
-    later collections; what the tests make is collected as before.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "Failed to initialize NumPy" where it is absent
-        cuda.torch_module()
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 
 @pytest.fixture
