@@ -137,9 +137,8 @@ class BoundaryHook:
         if self.armed or (self.armable and self._arm()):
             if self.timeline_only:
                 # --gpu --no-sync: no CUDA call here; only the line's syncs to close.
-                warned = self.warned.get(state.thread, 0) if state is not None else 0
-                if state is not None and warned != state.syncs:
-                    state.info.extra(state.line).syncs += warned - state.syncs
+                if state is not None:
+                    self._close_syncs(state)
             else:
                 waited, marks = self._cuda_boundary(state)
         kernels = self.kernels
@@ -258,8 +257,8 @@ class BoundaryHook:
             if state is not None:
                 if state.code is not code:
                     state = None
-                elif (warned := self.warned.get(tid, 0)) != state.syncs:
-                    state.info.extra(state.line).syncs += warned - state.syncs
+                else:
+                    self._close_syncs(state)
             advance(t0, tid, key, code, line, line != 0, state, None, seq, t0, cost)
 
     def _cuda_boundary(self, state: _Open | None = None) -> tuple[int, dict[int, Marks] | None]:
@@ -284,19 +283,21 @@ class BoundaryHook:
                     self.record.syncs += 1
             if self.memory:
                 marks = {d: self._marks(d) for d in self.devices}
-            if state is not None and (
-                self.memory or (self.gpu and self.warned.get(state.thread, 0) != state.syncs)
-            ):
-                self._close_cuda(state, marks)
+            if state is not None:
+                if self.gpu:
+                    self._close_syncs(state)
+                if marks is not None and state.marks is not None:
+                    state.info.extra(state.line).add_memory(state.marks, marks)
         except Exception as exc:  # a CUDA error must not break the user's code
             self._fail(exc)
         return waited, marks
 
-    def _close_cuda(self, state: _Open, marks: dict[int, Marks] | None) -> None:
-        extras = state.info.extra(state.line)
-        extras.syncs += self.warned.get(state.thread, 0) - state.syncs
-        if marks is not None and state.marks is not None:
-            extras.add_memory(state.marks, marks)
+    def _close_syncs(self, state: _Open) -> None:
+        """Charge the synchronizing calls its thread made since ``state``'s line opened
+        to that line (no entry for a line that made none)."""
+        warned = self.warned.get(state.thread, 0)
+        if warned != state.syncs:
+            state.info.extra(state.line).syncs += warned - state.syncs
 
     def measure_residual(self, call: Callable[[bool], None]) -> None:
         """How much of each boundary the hook cannot time itself (entering and leaving

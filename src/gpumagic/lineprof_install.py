@@ -17,13 +17,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpumagic.lineprof_hook import CALIBRATION_CODE, BoundaryHook, calibration_frame
-from gpumagic.lineprof_raw import Callbacks, measure_raw_cost, raw_callbacks, raw_recorder
+from gpumagic.lineprof_raw import measure_raw_cost, raw_recorder
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType, FrameType
 
-    from gpumagic.lineprof_raw import RawEvent
+    from gpumagic.lineprof_raw import BoundaryRecord, RawEvent
+
+    #: sys.monitoring's line, exit (return, yield) and raise callbacks.
+    Callbacks = tuple[
+        Callable[[CodeType, int], None],
+        Callable[[CodeType, int, Any], None],
+        Callable[[CodeType, int, BaseException], None],
+    ]
 
 __all__ = [
     "MonitoringInstaller",
@@ -67,15 +74,8 @@ class MonitoringInstaller:
                 "to run before line_profiler (id 2). Free one, or use --no-sync."
             )
         hook = self.hook
-        on_line, on_exit, _ = callbacks = _live_callbacks(hook, frozenset(self.codes))
-
-        def calibrate(opening: bool) -> None:
-            if opening:
-                on_line(CALIBRATION_CODE, 1)
-            else:
-                on_exit(CALIBRATION_CODE, 0, None)
-
-        hook.measure_residual(calibrate)
+        callbacks = _callbacks(hook, _live_record(hook), frozenset(self.codes))
+        hook.measure_residual(_calibration(callbacks))
         self._register(callbacks)
         hook.go_raw = self.go_raw
         local = events.LINE | events.PY_RETURN | events.PY_YIELD
@@ -102,17 +102,10 @@ class MonitoringInstaller:
         hook = self.hook
         codes = frozenset(self.codes)
         scratch: list[RawEvent] = []
-        on_line, on_exit, _ = raw_callbacks(hook, scratch, codes)
-
-        def calibrate(opening: bool) -> None:
-            if opening:
-                on_line(CALIBRATION_CODE, 1)
-            else:
-                on_exit(CALIBRATION_CODE, 0, None)
-
-        hook.raw_cost = measure_raw_cost(calibrate, scratch)
+        scratch_callbacks = _callbacks(hook, raw_recorder(hook, scratch), codes)
+        hook.raw_cost = measure_raw_cost(_calibration(scratch_callbacks), scratch)
         if self.tool is not None and hook.raw is not None:
-            self._register(raw_callbacks(hook, hook.raw, codes))
+            self._register(_callbacks(hook, raw_recorder(hook, hook.raw), codes))
 
     def uninstall(self) -> None:
         tool = self.tool
@@ -137,25 +130,48 @@ class MonitoringInstaller:
             self.tool = None
 
 
-def _live_callbacks(hook: BoundaryHook, codes: frozenset[CodeType]) -> Callbacks:
-    """sys.monitoring's line, exit and raise callbacks calling the hook's boundary."""
+def _live_record(hook: BoundaryHook) -> BoundaryRecord:
+    """Records one boundary through the hook's live bookkeeping (until it records raw)."""
     boundary = hook.boundary
-    getframe = sys._getframe
     clock = time.perf_counter_ns
 
+    def record(code: CodeType, line: int, key: int) -> None:
+        boundary(clock(), code, line, key, line != 0)
+
+    return record
+
+
+def _callbacks(hook: BoundaryHook, record: BoundaryRecord, codes: frozenset[CodeType]) -> Callbacks:
+    """sys.monitoring's line, exit and raise callbacks, each a boundary for ``record``."""
+    getframe = sys._getframe
+
     def on_line(code: CodeType, line: int) -> None:
-        boundary(clock(), code, line, id(getframe(1)), True)
+        record(code, line, id(getframe(1)))
 
     def on_exit(code: CodeType, offset: int, value: object) -> None:
-        boundary(clock(), code, 0, id(getframe(1)), False)
+        record(code, 0, id(getframe(1)))
 
     def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
         if code in codes:
             if isinstance(exc, KeyboardInterrupt):
                 hook.interrupted = True
-            boundary(clock(), code, 0, id(getframe(1)), False)
+            record(code, 0, id(getframe(1)))
 
     return on_line, on_exit, on_raise
+
+
+def _calibration(callbacks: Callbacks) -> Callable[[bool], None]:
+    """One boundary of ``callbacks`` on :data:`CALIBRATION_CODE` (nobody profiles it):
+    a line (``opening``) or an exit."""
+    on_line, on_exit, _ = callbacks
+
+    def call(opening: bool) -> None:
+        if opening:
+            on_line(CALIBRATION_CODE, 1)
+        else:
+            on_exit(CALIBRATION_CODE, 0, None)
+
+    return call
 
 
 class TraceInstaller:
@@ -168,28 +184,19 @@ class TraceInstaller:
         self.hook = hook
         self.codes = frozenset(codes)
         self.local: Callable[..., Any] | None = None
-        #: once the hook records raw (see go_raw): what records a boundary
-        self.record: Callable[[CodeType, int, int], None] | None = None
+        self.live = _live_record(hook)
+        #: what records a boundary: live, then raw once the hook records raw (go_raw)
+        self.record: BoundaryRecord = self.live
 
     def _make_local(self, then: Callable[..., Any]) -> Callable[..., Any]:
         """The frame-local trace function: the hook first, then ``then`` (line_profiler)."""
         hook = self.hook
-        boundary = hook.boundary
-        clock = time.perf_counter_ns
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
-            record = self.record
-            if record is not None:  # armed, --gpu without --memory: record it raw
-                if event == "line":
-                    record(frame.f_code, frame.f_lineno, id(frame))
-                elif event == "return":
-                    record(frame.f_code, 0, id(frame))
-                elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
-                    hook.interrupted = True
-            elif event == "line":
-                boundary(clock(), frame.f_code, frame.f_lineno, id(frame), True)
+            if event == "line":
+                self.record(frame.f_code, frame.f_lineno, id(frame))
             elif event == "return":
-                boundary(clock(), frame.f_code, 0, id(frame), False)
+                self.record(frame.f_code, 0, id(frame))
             elif event == "exception" and issubclass(arg[0], KeyboardInterrupt):
                 hook.interrupted = True
             then(frame, event, arg)
@@ -197,31 +204,30 @@ class TraceInstaller:
 
         return local
 
+    def _calibration(self) -> Callable[[bool], None]:
+        """One boundary (a line, ``opening``, or a return) of a frame nobody profiles,
+        through the trace function with nothing behind it."""
+        frame = calibration_frame()
+        bare = self._make_local(lambda *args: None)
+        return lambda opening: bare(frame, "line" if opening else "return", None)
+
     def calibrate(self) -> None:
         """Measure the hook's unseen cost; before line_profiler is enabled (its trace
         function would time the calibration itself). Without line_profiler behind the
         hook, the part of its call before it reads its clock stays billed (a fraction of
         a µs) rather than its whole call being subtracted."""
-        frame = calibration_frame()
-        bare = self._make_local(lambda *args: None)
-        self.hook.measure_residual(
-            lambda opening: bare(frame, "line" if opening else "return", None)
-        )
+        self.hook.measure_residual(self._calibration())
 
     def go_raw(self) -> None:
         """Measure the raw boundary's unseen cost, then record each boundary in
         :attr:`BoundaryHook.raw`."""
         hook = self.hook
         scratch: list[RawEvent] = []
-        frame = calibration_frame()
-        bare = self._make_local(lambda *args: None)
         self.record = raw_recorder(hook, scratch)
         try:
-            hook.raw_cost = measure_raw_cost(
-                lambda opening: bare(frame, "line" if opening else "return", None), scratch
-            )
+            hook.raw_cost = measure_raw_cost(self._calibration(), scratch)
         finally:
-            self.record = None if hook.raw is None else raw_recorder(hook, hook.raw)
+            self.record = self.live if hook.raw is None else raw_recorder(hook, hook.raw)
 
     def install(self) -> None:
         """Wrap the trace function line_profiler has just installed."""
@@ -260,7 +266,7 @@ class TraceInstaller:
     def uninstall(self) -> None:
         """Stop recording raw (a frame still running goes back to the live boundary);
         line_profiler's own disable puts its predecessor back."""
-        self.record = None
+        self.record = self.live
 
 
 def uses_legacy_trace() -> bool:

@@ -1,52 +1,41 @@
 """``%lprun --gpu`` without ``--memory``, once armed: each line boundary recorded raw (see
 :mod:`gpumagic.lineprof_hook`, whose ``replay`` runs the record through the live
-boundary's bookkeeping after the run). The callbacks here call the hook's
-``raw_wait`` (the synchronize; none with ``--no-sync``) and append one :data:`RawEvent`
-each: a clock read, the thread, the frame, the autograd sequence number; what one costs
-on an idle GPU is measured once (:func:`measure_raw_cost`) and charged to every boundary,
-as the live hook charges what it measured: a wait for the GPU's work beyond that stays
-with the line that launched it. Nothing here calls CUDA but through ``raw_wait``.
+boundary's bookkeeping after the run). The recorder here (:func:`raw_recorder`, both
+installers' once the hook is armed) calls the hook's ``raw_wait`` (the synchronize;
+none with ``--no-sync``) and appends one :data:`RawEvent` a boundary: a clock read, the
+thread, the frame, the autograd sequence number. What one costs on an idle GPU is
+measured once (:func:`measure_raw_cost`) and charged to every boundary, as the live hook
+charges what it measured: a wait for the GPU's work beyond that stays with the line that
+launched it. Nothing here calls CUDA but through ``raw_wait``.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import CodeType
 
-__all__ = [
-    "Callbacks",
-    "RawEvent",
-    "Recorder",
-    "measure_raw_cost",
-    "raw_callbacks",
-    "raw_recorder",
-]
+    #: Records one boundary: ``(code, line, frame key)``, ``line`` 0: the frame left
+    #: (return, yield, raise).
+    BoundaryRecord = Callable[[CodeType, int, int], None]
+
+__all__ = ["RawEvent", "Recorder", "measure_raw_cost", "raw_recorder"]
 
 #: One boundary: ``(ns at entry, thread, frame key, code, line, autograd sequence
 #: number)``; ``line`` 0: the frame left (return, yield, raise); ``code`` None: a
 #: synchronizing-call warning arrived (the rest unused but the time and thread).
 RawEvent = tuple[int, int, int, "CodeType | None", int, int]
 
-#: sys.monitoring's line, exit (return, yield) and raise callbacks.
-Callbacks = tuple[
-    "Callable[[CodeType, int], None]",
-    "Callable[[CodeType, int, Any], None]",
-    "Callable[[CodeType, int, BaseException], None]",
-]
-
 
 class Recorder(Protocol):
-    """What the raw callbacks use of the boundary hook
+    """What :func:`raw_recorder` uses of the boundary hook
     (:class:`gpumagic.lineprof_hook.BoundaryHook`)."""
 
     natives: dict[int, int]
-    interrupted: bool
     raw_wait: Callable[[], object] | None
 
     def raw_seq(self) -> int: ...
@@ -54,9 +43,8 @@ class Recorder(Protocol):
     def note_thread(self, tid: int) -> None: ...
 
 
-def raw_recorder(hook: Recorder, raw: list[RawEvent]) -> Callable[[CodeType, int, int], None]:
-    """A function that records one boundary in ``raw``: ``(code, line, frame key)``,
-    ``line`` 0: the frame left (return, yield, raise)."""
+def raw_recorder(hook: Recorder, raw: list[RawEvent]) -> BoundaryRecord:
+    """A ``BoundaryRecord`` appending to ``raw`` (both installers call it)."""
     append = raw.append
     seq = hook.raw_seq
     natives = hook.natives
@@ -74,26 +62,6 @@ def raw_recorder(hook: Recorder, raw: list[RawEvent]) -> Callable[[CodeType, int
         append((t0, tid, key, code, line, seq()))
 
     return record
-
-
-def raw_callbacks(hook: Recorder, raw: list[RawEvent], codes: frozenset[CodeType]) -> Callbacks:
-    """sys.monitoring's line, exit and raise callbacks appending to ``raw`` only."""
-    record = raw_recorder(hook, raw)
-    getframe = sys._getframe
-
-    def on_line(code: CodeType, line: int) -> None:
-        record(code, line, id(getframe(1)))
-
-    def on_exit(code: CodeType, offset: int, value: object) -> None:
-        record(code, 0, id(getframe(1)))
-
-    def on_raise(code: CodeType, offset: int, exc: BaseException) -> None:
-        if code in codes:
-            if isinstance(exc, KeyboardInterrupt):
-                hook.interrupted = True
-            record(code, 0, id(getframe(1)))
-
-    return on_line, on_exit, on_raise
 
 
 def measure_raw_cost(call: Callable[[bool], None], scratch: list[RawEvent]) -> int:
